@@ -1,0 +1,292 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017) in PyTorch.
+
+The reference for jax_transformer/model.py: same modules, same names, same
+steps in the same order. Shapes: B batch, S source length, T target length,
+D d_model, H heads, Dh head dim, F d_ff, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from jax_transformer.config import TransformerConfig
+from torch_reference.masks import decoder_mask, padding_mask
+
+
+@functools.lru_cache(maxsize=None)
+def sinusoidal_positions(length: int, d_model: int, layout: str) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...), in float64.
+
+    "interleaved" puts sin/cos in even/odd columns (the paper); "half_split"
+    puts all sines first, then all cosines (Marian).
+    """
+    position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
+    angle = position / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    sin, cos = torch.sin(angle), torch.cos(angle[:, : d_model // 2])  # (L, ceil(D/2)), (L, D//2)
+    table = torch.zeros(length, d_model, dtype=torch.float64)
+    if layout == "interleaved":
+        table[:, 0::2], table[:, 1::2] = sin, cos
+    else:
+        table[:, : sin.shape[1]], table[:, sin.shape[1]:] = sin, cos
+    return table  # (L, D)
+
+
+def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    nn.init.xavier_uniform_(layer.weight)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class MultiHeadAttention(nn.Module):
+    """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        d = config.d_model
+        self.W_q, self.W_k, self.W_v, self.W_o = linear(d, d), linear(d, d), linear(d, d), linear(d, d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+
+    def split_heads(self, x):  # (B, L, D) -> (B, H, L, Dh)
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, query, key_value, mask=None):
+        q = self.split_heads(self.W_q(query))  # (B, H, Tq, Dh)
+        k = self.split_heads(self.W_k(key_value))  # (B, H, Tk, Dh)
+        v = self.split_heads(self.W_v(key_value))  # (B, H, Tk, Dh)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
+        out = self.dropout(weights).to(v.dtype) @ v  # (B, H, Tq, Dh)
+        B, H, Tq, Dh = out.shape
+        out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
+        return self.W_o(out), weights
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 dropout(act(W_1 x))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.W_1 = linear(config.d_model, config.d_ff)
+        self.W_2 = linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}[config.activation]
+
+    def forward(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        return self.W_2(self.dropout(self.activation(self.W_1(x))))
+
+
+def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+class Residual(nn.Module):
+    """The residual connection around each sublayer f, with LayerNorm after it
+    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
+    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = nn.Dropout(config.dropout)
+
+    def norm_input(self, x, norm):
+        return norm(x) if self.pre_norm else x
+
+    def add_residual(self, x, sublayer_out, norm):
+        x = x + self.dropout(sublayer_out)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_norm = layer_norm(config)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = layer_norm(config)
+        self.residual = Residual(config)
+
+    def forward(self, x, src_mask):  # (B, S, D) -> (B, S, D)
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, src_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_norm = layer_norm(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.cross_attn_norm = layer_norm(config)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = layer_norm(config)
+        self.residual = Residual(config)
+
+    def forward(self, x, memory, src_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, tgt_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        h = self.residual.norm_input(x, self.cross_attn_norm)
+        h, cross_weights = self.cross_attn(h, memory, src_mask)
+        x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights, cross_weights
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_encoder_layers)])
+        self.final_norm = layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, src_mask):
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, src_mask)
+            all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_weights
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_decoder_layers)])
+        self.final_norm = layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        all_self, all_cross = [], []
+        for layer in self.layers:
+            x, self_weights, cross_weights = layer(x, memory, src_mask, tgt_mask)
+            all_self.append(self_weights)
+            all_cross.append(cross_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_self, all_cross
+
+
+class Transformer(nn.Module):
+    """Token ids in, next-token logits out. Use `model.eval()` for eval mode."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+
+        def embed(vocab_size):
+            table = nn.Embedding(vocab_size, config.d_model)
+            nn.init.normal_(table.weight, std=config.d_model ** -0.5)
+            return table
+
+        if config.share_embeddings:
+            self.shared_embed = embed(config.src_vocab_size)
+        else:
+            self.src_embed = embed(config.src_vocab_size)
+            self.tgt_embed = embed(config.tgt_vocab_size)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        if not config.tie_output:
+            self.output_projection = linear(config.d_model, config.tgt_vocab_size,
+                                            bias=config.output_bias)
+        elif config.output_bias:
+            self.output_bias = nn.Parameter(torch.zeros(config.tgt_vocab_size))
+
+    def source_embedding(self) -> nn.Embedding:
+        return self.shared_embed if self.config.share_embeddings else self.src_embed
+
+    def target_embedding(self) -> nn.Embedding:
+        return self.shared_embed if self.config.share_embeddings else self.tgt_embed
+
+    def embed(self, table: nn.Embedding, ids):  # (B, L) -> (B, L, D)
+        if ids.shape[1] > self.config.max_len:
+            raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len "
+                             f"{self.config.max_len}")
+        x = table(ids)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        positions = sinusoidal_positions(ids.shape[1], self.config.d_model,
+                                         self.config.position_layout)
+        return self.embed_dropout(x + positions.to(x.device, x.dtype))
+
+    def encode(self, src_ids, src_mask=None):
+        """(B, S) ids -> memory (B, S, D) and each layer's self-attention weights."""
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
+        return self.encoder(self.embed(self.source_embedding(), src_ids), src_mask)
+
+    def decode(self, tgt_ids, memory, src_mask, tgt_mask=None):
+        """(B, T) ids and memory -> hidden (B, T, D), self- and cross-attention weights."""
+        if tgt_mask is None:
+            tgt_mask = decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
+        return self.decoder(self.embed(self.target_embedding(), tgt_ids), memory,
+                            src_mask, tgt_mask)
+
+    def project(self, hidden):  # (B, T, D) -> (B, T, V)
+        if self.config.tie_output:
+            logits = hidden @ self.target_embedding().weight.T
+            if self.config.output_bias:
+                logits = logits + self.output_bias
+            return logits
+        return self.output_projection(hidden)
+
+    def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
+                return_attention: bool = False):
+        """src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V).
+
+        Masks are boolean, True = may attend, broadcastable to (B, H, Tq, Tk);
+        by default they come from the pad id (and causality on the target).
+        With `return_attention`, also returns {"encoder_self", "decoder_self",
+        "cross"}: lists of (B, H, Tq, Tk) weights, one per layer.
+        """
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.config.pad_id)
+        memory, encoder_self = self.encode(src_ids, src_mask)
+        hidden, decoder_self, cross = self.decode(tgt_ids, memory, src_mask, tgt_mask)
+        logits = self.project(hidden)
+        if return_attention:
+            return logits, {"encoder_self": encoder_self, "decoder_self": decoder_self,
+                            "cross": cross}
+        return logits
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """torch's load_state_dict, but with every key and shape checked before any
+        tensor is copied, so a bad state dict leaves the model untouched."""
+        if strict:
+            from jax_transformer import interchange
+            interchange.check_state_dict(state_dict, self.config)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    # The checkpoint directory format (see jax_transformer.interchange).
+    @classmethod
+    def from_pretrained(cls, directory, dtype: torch.dtype | None = None) -> "Transformer":
+        """Build from a checkpoint directory; `dtype` defaults to the file's."""
+        from jax_transformer import interchange
+        config, tensors = interchange.load_dir(directory)
+        state_dict = {k: torch.from_numpy(v) for k, v in tensors.items()}
+        model = cls(config).to(dtype or next(iter(state_dict.values())).dtype)
+        model.load_state_dict(state_dict, strict=True)
+        return model
+
+    def save_pretrained(self, directory, tokenizer=None):
+        from jax_transformer import interchange
+        tensors = {k: v.detach().cpu().numpy() for k, v in self.state_dict().items()}
+        return interchange.save_dir(directory, self.config, tensors, tokenizer=tokenizer)
