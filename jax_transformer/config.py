@@ -31,6 +31,8 @@ class TransformerConfig:
     dropout: float = 0.1
     max_len: int = 512
     pad_id: int = 0
+    bos_id: int = 2  # first decoder input token (Marian starts with its pad id)
+    eos_id: int = 3
     # Variants used by real checkpoints (see DESIGN.md).
     pre_norm: bool = False  # paper: post-LN, x = LN(x + sublayer(x))
     final_norm: bool = False  # a LayerNorm after each stack (torch.nn.Transformer)
@@ -65,8 +67,10 @@ class TransformerConfig:
             raise ConfigError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
                 f"{self.src_vocab_size} and {self.tgt_vocab_size}")
-        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
-            raise ConfigError(f"pad_id must be a valid token id, got {self.pad_id!r}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ConfigError(f"{name} must be a valid token id, got {value!r}")
 
     @property
     def head_dim(self) -> int:

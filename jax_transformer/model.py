@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jax_transformer.config import TransformerConfig
-from jax_transformer.masks import decoder_mask, padding_mask
+from jax_transformer.masks import causal_mask, padding_mask
 
 xavier = nnx.initializers.xavier_uniform()
 
@@ -238,9 +238,15 @@ class Transformer(nnx.Module):
         return self.encoder(self.embed(self.source_embedding(), src_ids), src_mask)
 
     def decode(self, tgt_ids, memory, src_mask, tgt_mask=None):
-        """(B, T) ids and memory -> hidden (B, T, D), self- and cross-attention weights."""
+        """(B, T) ids and memory -> hidden (B, T, D), self- and cross-attention weights.
+
+        The default target mask is causal only: targets are right-padded, so
+        causality already hides every pad key from every real query (and pad
+        positions are ignored by the loss). This also serves models whose
+        decoder start token is the pad id (Marian).
+        """
         if tgt_mask is None:
-            tgt_mask = decoder_mask(tgt_ids, self.config.pad_id)  # (B, 1, T, T)
+            tgt_mask = causal_mask(tgt_ids.shape[1])  # (1, 1, T, T)
         return self.decoder(self.embed(self.target_embedding(), tgt_ids), memory,
                             src_mask, tgt_mask)
 
@@ -258,7 +264,7 @@ class Transformer(nnx.Module):
         """src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V).
 
         Masks are boolean, True = may attend, broadcastable to (B, H, Tq, Tk);
-        by default they come from the pad id (and causality on the target).
+        by default the source mask hides pad keys and the target mask is causal.
         With `return_attention`, also returns {"encoder_self", "decoder_self",
         "cross"}: lists of (B, H, Tq, Tk) weights, one per layer.
         """
