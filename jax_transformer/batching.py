@@ -33,21 +33,23 @@ from jax_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
+ENCODE_CHUNK = 10_000  # pairs per SentencePiece call in encode_pairs
 
 
 def train_tokenizer(pairs: Sequence[Pair], model_path: str | os.PathLike,
-                    vocab_size: int = 8000, max_sentences: int = 2_000_000,
-                    seed: int = 0) -> Tokenizer:
+                    vocab_size: int = 8000, model_type: str = "unigram",
+                    max_pairs: int = 1_000_000, seed: int = 0) -> Tokenizer:
     """Train one SentencePiece vocabulary on both sides of `pairs`; save to `model_path`.
 
-    Corpora larger than `max_sentences` pairs are sampled (by `seed`) first, as
-    SentencePiece's own input_sentence_size would, to bound memory and time.
+    `model_type` is "unigram" or "bpe" (the paper's byte-pair encoding). Corpora
+    of more than `max_pairs` pairs are sampled (by `seed`) first, as SentencePiece's
+    own input_sentence_size would, to bound its memory and time.
     """
-    if len(pairs) > max_sentences:
-        chosen = np.random.default_rng(seed).choice(len(pairs), max_sentences, replace=False)
+    if len(pairs) > max_pairs:
+        chosen = np.random.default_rng(seed).choice(len(pairs), max_pairs, replace=False)
         pairs = [pairs[i] for i in np.sort(chosen)]
     sentences = (sentence for pair in pairs for sentence in pair)
-    return Tokenizer.train(sentences, model_path, vocab_size=vocab_size)
+    return Tokenizer.train(sentences, model_path, vocab_size=vocab_size, model_type=model_type)
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256,
@@ -56,20 +58,22 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256
 
     Returns (src_ids, tgt_ids, report): two lists of int32 arrays (pieces only;
     batches add eos/bos) and a report of how many pairs were dropped because a
-    side needs more than `max_len` positions with its eos/bos.
+    side needs more than `max_len` positions with its eos/bos (the report's
+    "line" is the pair's 1-based position in `pairs`).
     """
     if not pairs:
         raise ValueError("encode_pairs got no pairs")
     report = CorpusReport(f"tokenized (max_len {max_len})")
-    src_texts, tgt_texts = zip(*pairs)
     src_ids, tgt_ids = [], []
-    encoded = zip(tokenizer.sp.encode(list(src_texts)), tokenizer.sp.encode(list(tgt_texts)))
-    for number, (src, tgt) in enumerate(encoded, start=1):
-        if max(len(src), len(tgt)) + 1 > max_len:
-            report.skip(TOO_MANY_TOKENS, number)
-            continue
-        src_ids.append(np.asarray(src, dtype=np.int32))
-        tgt_ids.append(np.asarray(tgt, dtype=np.int32))
+    for start in range(0, len(pairs), ENCODE_CHUNK):  # bounds the Python lists alive at once
+        src_texts, tgt_texts = zip(*pairs[start:start + ENCODE_CHUNK])
+        encoded = zip(tokenizer.sp.encode(list(src_texts)), tokenizer.sp.encode(list(tgt_texts)))
+        for number, (src, tgt) in enumerate(encoded, start=start + 1):
+            if max(len(src), len(tgt)) + 1 > max_len:
+                report.skip(TOO_MANY_TOKENS, number)
+                continue
+            src_ids.append(np.asarray(src, dtype=np.int32))
+            tgt_ids.append(np.asarray(tgt, dtype=np.int32))
     report.kept = len(src_ids)
     if not src_ids:
         raise ValueError(f"{report}: every pair is longer than max_len {max_len} tokens")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from num2words import num2words
 
+from jax_transformer import batching
 from jax_transformer.batching import (BucketedBatches, TOO_MANY_TOKENS, encode_pairs,
                                       train_tokenizer)
 from jax_transformer.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
@@ -135,17 +136,18 @@ def test_tokenizer_round_trip_on_held_out_numbers(numbers_and_tokenizer):
             assert tokenizer.decode(ids + [EOS_ID, 7]) == text
 
 
-def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer):
+def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer, monkeypatch):
+    monkeypatch.setattr(batching, "ENCODE_CHUNK", 7)  # encode in several chunks
     corpus, tokenizer = numbers_and_tokenizer
     pairs = corpus["dev"]
     src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=10)
     fits = [max(len(tokenizer.encode(s)), len(tokenizer.encode(t))) + 1 <= 10 for s, t in pairs]
     assert 0 < report.kept == sum(fits) == len(src_ids) == len(tgt_ids) < len(pairs)
     assert report.skipped == {TOO_MANY_TOKENS: len(pairs) - sum(fits)}
-    first_kept = pairs[fits.index(True)]
-    assert src_ids[0].dtype == np.int32
-    assert tokenizer.decode(src_ids[0]) == first_kept[0]
-    assert tokenizer.decode(tgt_ids[0]) == first_kept[1]
+    assert report.first_line == {TOO_MANY_TOKENS: fits.index(False) + 1}
+    kept = [pair for pair, fit in zip(pairs, fits) if fit]
+    assert [(tokenizer.decode(s), tokenizer.decode(t)) for s, t in zip(src_ids, tgt_ids)] == kept
+    assert src_ids[0].dtype == tgt_ids[0].dtype == np.int32
 
 
 # --- Bucketing -----------------------------------------------------------------------------
