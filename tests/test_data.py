@@ -116,6 +116,9 @@ def test_tsv_and_csv_columns(tmp_path):
         read_columns(tsv, "en", "fr")
     with pytest.raises(CorpusError, match="is empty"):
         read_columns(write(tmp_path / "e.tsv", b""), "en", "de")
+    huge = write(tmp_path / "h.csv", b"en,de\n" + b"x" * 200_000 + b",y\n")
+    with pytest.raises(CorpusError, match="h.csv, line .*field larger than field limit"):
+        read_columns(huge, "en", "de")
 
 
 # --- Tokenizer and encoding -----------------------------------------------------------------
