@@ -15,7 +15,7 @@ epoch yields: jit compiles once per entry, and never again.
 
 Resume. The batch plan of epoch e is a pure function of (seed, e): examples are
 shuffled within their bucket, cut into batches, and the batches shuffled
-across buckets. A `BatchIterator`'s position is {"epoch": e, "index": i}, so a
+across buckets. A `BatchIterator`'s position is {"epoch": e, "index": i, ...}, so a
 run restored from a checkpoint sees exactly the batches an uninterrupted run
 would have seen. Needs numpy and sentencepiece, not JAX.
 """

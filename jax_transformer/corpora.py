@@ -15,8 +15,8 @@ User corpora, with the bad-data policy (documented in docs/data.md):
 
 A skip drops the whole pair and is counted in a `CorpusReport` (with the first
 line number per reason), which train.py prints. Lines are split on b"\\n" only:
-Python's text mode would also split on \\r, U+2028 and U+0085, which occur
-inside WMT sentences and would silently misalign the two sides.
+Python's text mode also splits on a lone \\r, str.splitlines also on U+2028 and
+U+0085; all occur inside WMT sentences and would silently misalign the two sides.
 """
 
 from __future__ import annotations

@@ -78,13 +78,13 @@ def write(path, data: bytes):
 
 
 def test_parallel_text_reads_pairs_and_counts_skips(tmp_path):
-    # A BOM, a CRLF line, an empty line, U+2028 inside a line, a long line, bad bytes.
+    # A BOM, a CRLF line, an empty line, \r and U+2028 inside a line, a long line, bad bytes.
     src = write(tmp_path / "a.en",
-                b"\xef\xbb\xbfone\r\n\ntwo\xe2\x80\xa8half\n" + b"x" * 50 + b"\nbad\nthree \n")
+                b"\xef\xbb\xbfone\r\n\ntwo\rand\xe2\x80\xa8half\n" + b"x" * 50 + b"\nbad\nthree \n")
     tgt = write(tmp_path / "a.de", b"eins\nnichts\nzwei\nlang\n\xff\xfe\ndrei\n")
     pairs, report = read_parallel_text(src, tgt, max_chars=20)
-    # U+2028 inside a line must not split it (Python text mode would).
-    assert pairs == [("one", "eins"), ("two\u2028half", "zwei"), ("three", "drei")]
+    # \r and U+2028 inside a line must not split it (text mode / str.splitlines would).
+    assert pairs == [("one", "eins"), ("two\rand\u2028half", "zwei"), ("three", "drei")]
     assert report.kept == 3
     assert report.skipped == {EMPTY: 1, TOO_LONG: 1, UNDECODABLE: 1}
     assert report.first_line == {EMPTY: 2, TOO_LONG: 4, UNDECODABLE: 5}
