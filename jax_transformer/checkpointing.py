@@ -1,0 +1,84 @@
+"""Training checkpoints with orbax: periodic, atomic, keep the last N, async.
+
+A run's work directory:
+
+    WORKDIR/config.json          the model config
+    WORKDIR/tokenizer.model      the SentencePiece model
+    WORKDIR/checkpoints/<step>/  params | train (step, dropout RNG, optimizer) | data (iterator position)
+    WORKDIR/export/              the final model in the checkpoint directory format
+
+Orbax writes each step into a temporary directory and renames it when complete,
+so a run killed mid-save leaves the previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from jax_transformer.config import TransformerConfig
+from jax_transformer.model import Transformer
+from jax_transformer.training import TrainState
+
+CHECKPOINTS = "checkpoints"
+
+
+class Checkpointer:
+    def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True):
+        self.manager = ocp.CheckpointManager(
+            Path(workdir).absolute() / CHECKPOINTS,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep,
+                                                 enable_async_checkpointing=async_save))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, state: TrainState, data_state: dict) -> None:
+        step = int(state.step)
+        self.manager.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(state.params),
+            train=ocp.args.StandardSave({"step": state.step, "rngs": state.rngs,
+                                         "opt_state": state.opt_state}),
+            data=ocp.args.JsonSave(data_state)), force=True)
+
+    def restore(self, like: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
+        """Restore into the structure, dtypes and shardings of `like`."""
+        step = self.latest_step() if step is None else step
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract.params),
+            train=ocp.args.StandardRestore({"step": abstract.step, "rngs": abstract.rngs,
+                                            "opt_state": abstract.opt_state}),
+            data=ocp.args.JsonRestore()))
+        train = restored.train
+        state = dataclasses.replace(like, step=train["step"], params=restored.params,
+                                    rngs=train["rngs"], opt_state=train["opt_state"])
+        return state, restored.data
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def restore_model(workdir: str | Path, step: int | None = None) -> Transformer:
+    """The model (float32, eval-ready) from a training run's work directory."""
+    workdir = Path(workdir)
+    config = TransformerConfig.from_json(workdir / "config.json")
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    manager = ocp.CheckpointManager(workdir.absolute() / CHECKPOINTS)
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint under {workdir / CHECKPOINTS}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+    restored = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract)))
+    manager.close()
+    nnx.update(model, restored.params)
+    return model

@@ -1,0 +1,120 @@
+"""Train the Transformer.
+
+With no flags: the built-in corpus (English number words -> German, generated
+locally with num2words) and a small model, end to end on a CPU in minutes.
+With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
+
+    python train.py --workdir runs/numbers
+    python train.py --workdir runs/wmt --src-path train.en --tgt-path train.de \\
+        --d-model 512 --heads 8 --d-ff 2048 --layers 6 --max-tokens 25000 \\
+        --steps 100000 --warmup 4000 --dtype bfloat16
+
+Running it again on the same --workdir resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default="runs/numbers",
+                   help="where checkpoints, metrics.jsonl, eval.json, figures and the exported "
+                        "model go; an existing run there is resumed (default: %(default)s)")
+
+    g = p.add_argument_group("data (default: the built-in number-words corpus)")
+    g.add_argument("--src-lang", default="en", help="number corpus source language, a num2words "
+                   "code (default: %(default)s)")
+    g.add_argument("--tgt-lang", default="de", help="number corpus target language (default: "
+                   "%(default)s)")
+    g.add_argument("--num-train", type=int, default=50_000,
+                   help="number corpus training pairs (default: %(default)s)")
+    g.add_argument("--max-number", type=int, default=1_000_000,
+                   help="number corpus draws numbers below this (default: %(default)s)")
+    g.add_argument("--src-path", help="parallel text: source file, one sentence per line")
+    g.add_argument("--tgt-path", help="parallel text: target file, line-aligned with --src-path")
+    g.add_argument("--columns-path", help="a TSV (.tsv) or CSV file with a header row")
+    g.add_argument("--src-column", default="source",
+                   help="source column of --columns-path (default: %(default)s)")
+    g.add_argument("--tgt-column", default="target",
+                   help="target column of --columns-path (default: %(default)s)")
+    g.add_argument("--num-dev", type=int, default=1000,
+                   help="held-out pairs for the dev set (default: %(default)s)")
+    g.add_argument("--num-test", type=int, default=1000,
+                   help="held-out pairs for the test set (default: %(default)s)")
+    g.add_argument("--vocab-size", type=int, default=8000, help="shared SentencePiece "
+                   "vocabulary size; smaller if the text has fewer pieces (default: %(default)s)")
+    g.add_argument("--max-len", type=int, default=256, help="longest sentence in tokens; longer "
+                   "pairs are skipped and counted (default: %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch, padding "
+                   "included, like fairseq's --max-tokens (default: %(default)s)")
+
+    g = p.add_argument_group("model (the paper's base: --d-model 512 --heads 8 --d-ff 2048 "
+                             "--layers 6)")
+    g.add_argument("--d-model", type=int, default=256, help="(default: %(default)s)")
+    g.add_argument("--heads", type=int, default=4, help="(default: %(default)s)")
+    g.add_argument("--d-ff", type=int, default=1024, help="(default: %(default)s)")
+    g.add_argument("--layers", type=int, default=3,
+                   help="encoder and decoder layers each (default: %(default)s)")
+    g.add_argument("--dropout", type=float, default=0.1, help="(default: %(default)s)")
+    g.add_argument("--pre-norm", action="store_true",
+                   help="pre-LayerNorm with final norms instead of the paper's post-LN")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=2000,
+                   help="optimizer updates in total (default: %(default)s)")
+    g.add_argument("--warmup", type=int, default=400,
+                   help="warm-up steps of the paper's schedule (default: %(default)s)")
+    g.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule "
+                   "d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (default: %(default)s)")
+    g.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    g.add_argument("--clip-norm", type=float, default=0.0,
+                   help="clip gradients to this global norm; 0 = off (default: %(default)s)")
+    g.add_argument("--accumulate", type=int, default=1, help="micro-batches per update, "
+                   "gradients summed exactly (default: %(default)s)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="compute dtype; parameters and optimizer state stay float32 "
+                        "(default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+
+    g = p.add_argument_group("checkpoints, evaluation, output")
+    g.add_argument("--checkpoint-every", type=int, default=250, help="(default: %(default)s)")
+    g.add_argument("--keep", type=int, default=3,
+                   help="checkpoints kept (default: %(default)s)")
+    g.add_argument("--eval-every", type=int, default=500,
+                   help="steps between held-out loss evaluations (default: %(default)s)")
+    g.add_argument("--beam", type=int, default=1,
+                   help="beam size for the final test translation; 1 = greedy (default: %(default)s)")
+    g.add_argument("--decode-batch-size", type=int, default=250, help="(default: %(default)s)")
+    g.add_argument("--samples", type=int, default=5,
+                   help="sample translations printed at the end (default: %(default)s)")
+    g.add_argument("--distributed", action="store_true", help="several hosts: call "
+                   "jax.distributed.initialize() (coordinator from the environment)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    for name in ("steps", "max_tokens", "checkpoint_every", "eval_every", "keep", "accumulate",
+                 "beam", "decode_batch_size", "warmup"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from jax_transformer.train_loop import run  # after --help, which needs no JAX
+    summary = run(args)
+    test = summary["test"]
+    print(json.dumps({"step": summary["step"], "train_seconds": summary["train_seconds"],
+                      "dev_loss": round(summary["dev"]["loss"], 4),
+                      "test_loss": round(test["loss"], 4),
+                      "test_perplexity": round(test["perplexity"], 3),
+                      "test_exact_match": test["exact_match"], "test_bleu": round(test["bleu"], 2),
+                      "workdir": args.workdir}, indent=2), file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
