@@ -59,10 +59,12 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, query, key_value, mask=None):
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
+        return self.split_heads(self.W_k(key_value)), self.split_heads(self.W_v(key_value))
+
+    def attend(self, query, k, v, mask=None):
+        """Attention of `query` (B, Tq, D) over projected keys/values (B, H, Tk, Dh)."""
         q = self.split_heads(self.W_q(query))  # (B, H, Tq, Dh)
-        k = self.split_heads(self.W_k(key_value))  # (B, H, Tk, Dh)
-        v = self.split_heads(self.W_v(key_value))  # (B, H, Tk, Dh)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
         if mask is not None:
@@ -72,6 +74,10 @@ class MultiHeadAttention(nn.Module):
         B, H, Tq, Dh = out.shape
         out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
         return self.W_o(out), weights
+
+    def forward(self, query, key_value, mask=None):
+        k, v = self.project_kv(key_value)  # (B, H, Tk, Dh)
+        return self.attend(query, k, v, mask)
 
 
 class FeedForward(nn.Module):
@@ -150,6 +156,34 @@ class DecoderLayer(nn.Module):
         x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
         return x, self_weights, cross_weights
 
+    # Incremental decoding: one target position at a time, with a key/value cache.
+    def init_cache(self, memory, max_len: int):
+        """Cross-attention keys/values of `memory` (B, S, D), projected once per
+        sentence, and empty self-attention buffers for `max_len` positions."""
+        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh)
+        B, H, _, Dh = cross_k.shape
+        empty = cross_k.new_zeros(B, H, max_len, Dh)  # (B, H, L, Dh)
+        return {"self_k": empty, "self_v": empty.clone(), "cross_k": cross_k, "cross_v": cross_v}
+
+    def decode_step(self, x, cache, position, src_mask):
+        """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
+        self-attention key/value written in (in place here; JAX returns a new one).
+        Same steps as forward."""
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        k, v = self.self_attn.project_kv(h)  # (B, H, 1, Dh)
+        self_k, self_v = cache["self_k"], cache["self_v"]
+        self_k[:, :, position] = k[:, :, 0]
+        self_v[:, :, position] = v[:, :, 0]
+        visible = (torch.arange(self_k.shape[2], device=x.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
+        h, _ = self.self_attn.attend(h, self_k, self_v, visible)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        h = self.residual.norm_input(x, self.cross_attn_norm)
+        h, _ = self.cross_attn.attend(h, cache["cross_k"], cache["cross_v"], src_mask)
+        x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, {**cache, "self_k": self_k, "self_v": self_v}
+
 
 class Encoder(nn.Module):
     def __init__(self, config: TransformerConfig):
@@ -182,6 +216,18 @@ class Decoder(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, all_self, all_cross
+
+    def init_cache(self, memory, max_len: int):
+        return [layer.init_cache(memory, max_len) for layer in self.layers]
+
+    def decode_step(self, x, cache, position, src_mask):  # (B, 1, D) -> (B, 1, D)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, layer_cache = layer.decode_step(x, layer_cache, position, src_mask)
+            new_cache.append(layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, new_cache
 
 
 class Transformer(nn.Module):
@@ -227,6 +273,15 @@ class Transformer(nn.Module):
                                          self.config.position_layout)
         return self.embed_dropout(x + positions.to(x.device, x.dtype))
 
+    def embed_step(self, table: nn.Embedding, ids, position):  # (B, 1) ids at `position` -> (B, 1, D)
+        x = table(ids)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        positions = sinusoidal_positions(self.config.max_len, self.config.d_model,
+                                         self.config.position_layout)  # (max_len, D)
+        row = positions[position:position + 1].to(x.device, x.dtype)  # (1, D)
+        return self.embed_dropout(x + row)
+
     def encode(self, src_ids, src_mask=None):
         """(B, S) ids -> memory (B, S, D) and each layer's self-attention weights."""
         if src_mask is None:
@@ -245,6 +300,23 @@ class Transformer(nn.Module):
             tgt_mask = causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (1, 1, T, T)
         return self.decoder(self.embed(self.target_embedding(), tgt_ids), memory,
                             src_mask, tgt_mask)
+
+    def init_cache(self, memory, max_len: int):
+        """The decoding cache for `memory` (B, S, D): one dict per decoder layer with
+        self-attention buffers "self_k"/"self_v" (B, H, max_len, Dh), filled as
+        decoding goes, and "cross_k"/"cross_v" (B, H, S, Dh), projected here once."""
+        if max_len > self.config.max_len:
+            raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")
+        return self.decoder.init_cache(memory, max_len)
+
+    def decode_step(self, tgt_ids, cache, position: int, src_mask):
+        """Incremental decoding: tgt_ids (B, 1) at `position` -> next-token logits
+        (B, V) and the updated cache. Feeding positions 0, 1, ... in turn gives
+        the same logits as `project(decode(...))` on the whole prefix with the
+        default (causal) target mask."""
+        x = self.embed_step(self.target_embedding(), tgt_ids, position)  # (B, 1, D)
+        hidden, cache = self.decoder.decode_step(x, cache, position, src_mask)
+        return self.project(hidden)[:, 0], cache  # (B, V)
 
     def project(self, hidden):  # (B, T, D) -> (B, T, V)
         if self.config.tie_output:

@@ -1,0 +1,242 @@
+"""Greedy and beam search with a key/value cache, each search one jit-compiled loop.
+
+Read it side by side with torch_reference/decoding.py: same functions, same
+steps, same tie-breaking (the lowest index wins a tie, as in `jax.lax.top_k`
+and `jnp.argmax`), same length penalty.
+
+    greedy_search(model, src_ids, max_len=...)          -> tokens (B, L), scores (B,)
+    beam_search(model, src_ids, max_len=..., beam_size=4, alpha=0.6)
+                                                         -> tokens (B, K, L), scores (B, K)
+    greedy_search_uncached(model, src_ids, max_len=...) -> the seed-style baseline
+
+Tokens are the generated ids (the decoder's start token is not included),
+ending with eos and padded with pad after it; L = max_len. Greedy scores are
+sums of log-probabilities (eos included); beam scores are those sums divided
+by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first.
+
+The model runs in eval mode (dropout off) whatever mode it is in. Each search
+is one `jax.jit` over a `lax.while_loop` whose carry holds a fixed-size cache
+(see Transformer.init_cache / decode_step), so a batch shape compiles once,
+not once per token; the loop stops early when every sentence has finished.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_transformer.masks import padding_mask
+from jax_transformer.model import Transformer
+
+NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
+
+
+def length_penalty(length, alpha: float):
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
+    config = model.config
+    if not 0 < max_len <= config.max_len:
+        raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's max_len), "
+                         f"got {max_len}")
+    src_ids = jnp.asarray(src_ids, jnp.int32)
+    if src_mask is None:
+        src_mask = padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
+    graphdef, state = nnx.split(nnx.view(model, deterministic=True))
+    ids = dict(bos=config.bos_id, pad=config.pad_id,
+               eos=config.eos_id if eos_id is None else int(eos_id))
+    return graphdef, state, src_ids, src_mask, ids
+
+
+def _log_softmax(logits):  # (..., V), at least float32
+    return jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+
+
+# ------------------------------------------------------------------ greedy
+
+def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
+    """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int32, scores (B,).
+
+    `eos_id` overrides the config's (benchmarks pass -1 to never stop early).
+    """
+    graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    return _greedy_jit(graphdef, state, src_ids, src_mask, max_len=max_len, **ids)
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("max_len", "bos", "eos", "pad"))
+def _greedy_jit(graphdef, state, src_ids, src_mask, *, max_len, bos, eos, pad):
+    model = nnx.merge(graphdef, state)
+    B = src_ids.shape[0]
+    memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
+    cache = model.init_cache(memory, max_len)
+    tokens = jnp.full((B, max_len + 1), pad, jnp.int32).at[:, 0].set(bos)  # (B, 1 + L)
+    score_dtype = jnp.promote_types(memory.dtype, jnp.float32)
+    init = (jnp.int32(0), tokens, jnp.zeros((B,), score_dtype), jnp.zeros((B,), bool), cache)
+
+    def not_done(carry):
+        t, _, _, finished, _ = carry
+        return (t < max_len) & ~jnp.all(finished)
+
+    def step(carry):
+        t, tokens, scores, finished, cache = carry
+        inputs = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
+        logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
+        log_probs = _log_softmax(logits)
+        next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
+        best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+        next_ids = jnp.where(finished, pad, next_ids)
+        scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
+        finished = finished | (next_ids == eos)
+        return t + 1, tokens, scores, finished, cache
+
+    _, tokens, scores, _, _ = jax.lax.while_loop(not_done, step, init)
+    return tokens[:, 1:], scores
+
+
+# -------------------------------------------------------------------- beam
+
+def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4,
+                alpha: float = 0.6, src_mask=None, eos_id=None):
+    """Beam search as in the Flax WMT example: (B, S) source ids ->
+    tokens (B, K, max_len) int32 and scores (B, K), best beam first.
+
+    Each step keeps the 2K best extensions of the K live beams; those ending in
+    eos compete (score / length penalty) for the K finished slots, the best K
+    others stay live. A sentence stops improving once its K finished scores
+    all beat the best score a live beam could still reach; the loop ends when
+    that holds for every sentence, or at max_len. A sentence with no finished
+    hypothesis returns its live beams, scored logprob / lp(max_len).
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be positive, got {beam_size}")
+    graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    return _beam_jit(graphdef, state, src_ids, src_mask, jnp.asarray(float(alpha)),
+                     max_len=max_len, beam_size=beam_size, **ids)
+
+
+def _gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (B, K_new, ...)
+    return x[jnp.arange(x.shape[0])[:, None], beam_indices]
+
+
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("max_len", "beam_size", "bos", "eos", "pad"))
+def _beam_jit(graphdef, state, src_ids, src_mask, alpha, *, max_len, beam_size, bos, eos, pad):
+    model = nnx.merge(graphdef, state)
+    B, K = src_ids.shape[0], beam_size
+    memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
+    # Beams are flattened into the batch: row b * K + k is beam k of sentence b.
+    # All beams of a sentence share its cross-attention keys/values.
+    cache = jax.tree.map(lambda x: jnp.repeat(x, K, axis=0), model.init_cache(memory, max_len))
+    src_mask = jnp.repeat(src_mask, K, axis=0)  # (B*K, 1, 1, S)
+    dtype = jnp.promote_types(memory.dtype, jnp.float32)
+    alpha = alpha.astype(dtype)  # traced: another alpha does not recompile
+
+    seqs = jnp.full((B, K, max_len + 1), pad, jnp.int32).at[:, :, 0].set(bos)  # (B, K, 1 + L)
+    live_logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), dtype), (B, 1))  # (B, K)
+    init = dict(t=jnp.int32(0), live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs,
+                finished_scores=jnp.full((B, K), NEG_INF, dtype),
+                finished_flags=jnp.zeros((B, K), bool), cache=cache)
+    best_possible_lp = length_penalty(max_len, alpha)
+
+    def not_done(s):
+        # A live beam's score can only fall: its best reachable finished score is
+        # live_logprob / lp(max_len). Beams are sorted best first.
+        best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
+        worst_finished = jnp.where(s["finished_flags"].all(axis=1),
+                                   s["finished_scores"].min(axis=1), NEG_INF)  # (B,)
+        return (s["t"] < max_len) & ~jnp.all(worst_finished > best_live)
+
+    def step(s):
+        t = s["t"]
+        inputs = s["live_seqs"][:, :, t].reshape(B * K, 1)  # (B*K, 1)
+        logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B*K, V)
+        V = logits.shape[-1]
+        log_probs = _log_softmax(logits).reshape(B, K, V) + s["live_logprobs"][:, :, None]
+        # The 2K best extensions over all beams (2K, so that K stay live even if
+        # K of them end here). Index beam * V + token; ties: lowest index first.
+        top_logprobs, top_indices = jax.lax.top_k(log_probs.reshape(B, K * V), 2 * K)  # (B, 2K)
+        top_beams, top_tokens = top_indices // V, top_indices % V
+        top_seqs = _gather_beams(s["live_seqs"], top_beams).at[:, :, t + 1].set(top_tokens)
+        ended = top_tokens == eos  # (B, 2K)
+
+        # Live: the K best that did not end.
+        alive_scores = jnp.where(ended, top_logprobs + NEG_INF, top_logprobs)
+        _, keep = jax.lax.top_k(alive_scores, K)  # (B, K)
+        live_seqs = _gather_beams(top_seqs, keep)
+        live_logprobs = _gather_beams(alive_scores, keep)
+        parent = _gather_beams(top_beams, keep)  # (B, K): the old beam each comes from
+        rows = (jnp.arange(B)[:, None] * K + parent).reshape(B * K)
+        cache = [{**c, "self_k": c["self_k"][rows], "self_v": c["self_v"][rows]} for c in cache]
+
+        # Finished: the K best of the old finished and those that ended now.
+        new_scores = top_logprobs / length_penalty(t + 1, alpha)
+        new_scores = jnp.where(ended, new_scores, new_scores + NEG_INF)
+        all_seqs = jnp.concatenate([s["finished_seqs"], top_seqs], axis=1)  # (B, 3K, 1 + L)
+        all_scores = jnp.concatenate([s["finished_scores"], new_scores], axis=1)  # (B, 3K)
+        all_flags = jnp.concatenate([s["finished_flags"], ended], axis=1)
+        _, best = jax.lax.top_k(all_scores, K)  # (B, K)
+        return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+                    finished_seqs=_gather_beams(all_seqs, best),
+                    finished_scores=_gather_beams(all_scores, best),
+                    finished_flags=_gather_beams(all_flags, best), cache=cache)
+
+    s = jax.lax.while_loop(not_done, step, init)
+    any_finished = s["finished_flags"].any(axis=1)  # (B,)
+    tokens = jnp.where(any_finished[:, None, None], s["finished_seqs"], s["live_seqs"])
+    scores = jnp.where(any_finished[:, None], s["finished_scores"],
+                       s["live_logprobs"] / best_possible_lp)
+    return tokens[:, :, 1:], scores
+
+
+# ------------------------------------------------------- uncached baseline
+
+def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mask=None,
+                           eos_id=None, pad_to: int = 1):
+    """The seeds' way, kept as a baseline for tests and benchmarks: every step
+    re-runs the decoder over the whole prefix (cross-attention keys/values
+    included) and picks the next token on the host. Same results as
+    greedy_search; quadratic work, and one compilation per prefix length,
+    unless `pad_to` > 1 right-pads the prefix to a multiple of it (the causal
+    mask hides the padding): fewer compilations, a little more work."""
+    graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    memory = _encode_jit(graphdef, state, src_ids, src_mask)
+    B = src_ids.shape[0]
+    tokens = np.full((B, 1), ids["bos"], np.int32)
+    scores = np.zeros((B,), np.dtype(jnp.promote_types(memory.dtype, jnp.float32)))
+    finished = np.zeros((B,), bool)
+    for t in range(max_len):
+        width = min(-(-(t + 1) // pad_to) * pad_to, max_len)
+        prefix = np.full((B, width), ids["pad"], np.int32)
+        prefix[:, : t + 1] = tokens
+        log_probs = np.asarray(_log_probs_at_jit(graphdef, state, prefix, memory, src_mask, t))
+        next_ids = log_probs.argmax(axis=-1).astype(np.int32)
+        best = np.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+        next_ids = np.where(finished, ids["pad"], next_ids)
+        scores = scores + np.where(finished, 0.0, best).astype(scores.dtype)
+        tokens = np.concatenate([tokens, next_ids[:, None]], axis=1)
+        finished |= next_ids == ids["eos"]
+        if finished.all():
+            break
+    out = np.full((B, max_len), ids["pad"], np.int32)
+    out[:, : tokens.shape[1] - 1] = tokens[:, 1:]
+    return jnp.asarray(out), jnp.asarray(scores)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _encode_jit(graphdef, state, src_ids, src_mask):
+    return nnx.merge(graphdef, state).encode(src_ids, src_mask)[0]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_probs_at_jit(graphdef, state, tgt_ids, memory, src_mask, position):
+    model = nnx.merge(graphdef, state)
+    hidden, _, _ = model.decode(tgt_ids, memory, src_mask)  # (B, T, D)
+    hidden = jax.lax.dynamic_slice_in_dim(hidden, position, 1, axis=1)  # (B, 1, D)
+    return _log_softmax(model.project(hidden)[:, 0])  # (B, V)

@@ -1,0 +1,219 @@
+"""Greedy and beam search with a key/value cache, in PyTorch.
+
+The reference for jax_transformer/decoding.py: same functions, same steps,
+same tie-breaking (the lowest index wins a tie, as `jax.lax.top_k` and
+`jnp.argmax` do; torch.topk does not promise that, so `top_k` below uses a
+stable sort), same length penalty. Here the loops are Python loops.
+
+    greedy_search(model, src_ids, max_len=...)          -> tokens (B, L), scores (B,)
+    beam_search(model, src_ids, max_len=..., beam_size=4, alpha=0.6)
+                                                         -> tokens (B, K, L), scores (B, K)
+    greedy_search_uncached(model, src_ids, max_len=...) -> the seed-style baseline
+
+Tokens are the generated ids (the decoder's start token is not included),
+ending with eos and padded with pad after it; L = max_len. Greedy scores are
+sums of log-probabilities (eos included); beam scores are those sums divided
+by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first.
+The model runs in eval mode (its mode is restored afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from torch_reference.masks import padding_mask
+from torch_reference.model import Transformer
+
+NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
+
+
+def length_penalty(length, alpha: float):
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def top_k(x, k: int):
+    """Like jax.lax.top_k along the last axis: ties go to the lowest index."""
+    values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], indices[..., :k]
+
+
+@contextlib.contextmanager
+def _eval_mode(model: Transformer):
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
+    config = model.config
+    if not 0 < max_len <= config.max_len:
+        raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's max_len), "
+                         f"got {max_len}")
+    src_ids = torch.as_tensor(src_ids, dtype=torch.long)
+    if src_mask is None:
+        src_mask = padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
+    ids = dict(bos=config.bos_id, pad=config.pad_id,
+               eos=config.eos_id if eos_id is None else int(eos_id))
+    return src_ids, src_mask, ids
+
+
+def _log_softmax(logits):  # (..., V), at least float32
+    return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+
+
+# ------------------------------------------------------------------ greedy
+
+def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
+    """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int64, scores (B,).
+
+    `eos_id` overrides the config's (benchmarks pass -1 to never stop early).
+    """
+    src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    with _eval_mode(model):
+        B = src_ids.shape[0]
+        memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
+        cache = model.init_cache(memory, max_len)
+        tokens = torch.full((B, max_len + 1), ids["pad"], dtype=torch.long)  # (B, 1 + L)
+        tokens[:, 0] = ids["bos"]
+        scores = torch.zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
+        finished = torch.zeros(B, dtype=torch.bool)
+        for t in range(max_len):
+            inputs = tokens[:, t:t + 1]  # (B, 1)
+            logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
+            log_probs = _log_softmax(logits)
+            next_ids = log_probs.argmax(dim=-1)  # (B,)
+            best = log_probs.gather(-1, next_ids[:, None])[:, 0]
+            next_ids = torch.where(finished, ids["pad"], next_ids)
+            scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
+            tokens[:, t + 1] = next_ids
+            finished = finished | (next_ids == ids["eos"])
+            if finished.all():
+                break
+        return tokens[:, 1:], scores
+
+
+# -------------------------------------------------------------------- beam
+
+def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4,
+                alpha: float = 0.6, src_mask=None, eos_id=None):
+    """Beam search as in the Flax WMT example: (B, S) source ids ->
+    tokens (B, K, max_len) int64 and scores (B, K), best beam first.
+    See jax_transformer.decoding.beam_search for the algorithm."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be positive, got {beam_size}")
+    src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    with _eval_mode(model):
+        return _beam(model, src_ids, src_mask, max_len=max_len, beam_size=beam_size,
+                     alpha=float(alpha), **ids)
+
+
+def _gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (B, K_new, ...)
+    return x[torch.arange(x.shape[0])[:, None], beam_indices]
+
+
+def _beam(model, src_ids, src_mask, *, max_len, beam_size, alpha, bos, eos, pad):
+    B, K = src_ids.shape[0], beam_size
+    memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
+    # Beams are flattened into the batch: row b * K + k is beam k of sentence b.
+    # All beams of a sentence share its cross-attention keys/values.
+    cache = [{name: x.repeat_interleave(K, dim=0) for name, x in c.items()}
+             for c in model.init_cache(memory, max_len)]
+    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+    dtype = torch.promote_types(memory.dtype, torch.float32)
+
+    seqs = torch.full((B, K, max_len + 1), pad, dtype=torch.long)  # (B, K, 1 + L)
+    seqs[:, :, 0] = bos
+    live_logprobs = torch.tensor([0.0] + [NEG_INF] * (K - 1), dtype=dtype).repeat(B, 1)  # (B, K)
+    s = dict(t=0, live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs.clone(),
+             finished_scores=torch.full((B, K), NEG_INF, dtype=dtype),
+             finished_flags=torch.zeros((B, K), dtype=torch.bool), cache=cache)
+    best_possible_lp = length_penalty(max_len, alpha)
+
+    def not_done(s):
+        # A live beam's score can only fall: its best reachable finished score is
+        # live_logprob / lp(max_len). Beams are sorted best first.
+        best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
+        worst_finished = torch.where(s["finished_flags"].all(dim=1),
+                                     s["finished_scores"].min(dim=1).values,
+                                     torch.tensor(NEG_INF, dtype=dtype))  # (B,)
+        return s["t"] < max_len and not bool((worst_finished > best_live).all())
+
+    def step(s):
+        t = s["t"]
+        inputs = s["live_seqs"][:, :, t].reshape(B * K, 1)  # (B*K, 1)
+        logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B*K, V)
+        V = logits.shape[-1]
+        log_probs = _log_softmax(logits).reshape(B, K, V) + s["live_logprobs"][:, :, None]
+        # The 2K best extensions over all beams (2K, so that K stay live even if
+        # K of them end here). Index beam * V + token; ties: lowest index first.
+        top_logprobs, top_indices = top_k(log_probs.reshape(B, K * V), 2 * K)  # (B, 2K)
+        top_beams, top_tokens = top_indices // V, top_indices % V
+        top_seqs = _gather_beams(s["live_seqs"], top_beams)
+        top_seqs[:, :, t + 1] = top_tokens
+        ended = top_tokens == eos  # (B, 2K)
+
+        # Live: the K best that did not end.
+        alive_scores = torch.where(ended, top_logprobs + NEG_INF, top_logprobs)
+        _, keep = top_k(alive_scores, K)  # (B, K)
+        live_seqs = _gather_beams(top_seqs, keep)
+        live_logprobs = _gather_beams(alive_scores, keep)
+        parent = _gather_beams(top_beams, keep)  # (B, K): the old beam each comes from
+        rows = (torch.arange(B)[:, None] * K + parent).reshape(B * K)
+        cache = [{**c, "self_k": c["self_k"][rows], "self_v": c["self_v"][rows]} for c in cache]
+
+        # Finished: the K best of the old finished and those that ended now.
+        new_scores = top_logprobs / length_penalty(t + 1, alpha)
+        new_scores = torch.where(ended, new_scores, new_scores + NEG_INF)
+        all_seqs = torch.cat([s["finished_seqs"], top_seqs], dim=1)  # (B, 3K, 1 + L)
+        all_scores = torch.cat([s["finished_scores"], new_scores], dim=1)  # (B, 3K)
+        all_flags = torch.cat([s["finished_flags"], ended], dim=1)
+        _, best = top_k(all_scores, K)  # (B, K)
+        return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+                    finished_seqs=_gather_beams(all_seqs, best),
+                    finished_scores=_gather_beams(all_scores, best),
+                    finished_flags=_gather_beams(all_flags, best), cache=cache)
+
+    while not_done(s):
+        s = step(s)
+    any_finished = s["finished_flags"].any(dim=1)  # (B,)
+    tokens = torch.where(any_finished[:, None, None], s["finished_seqs"], s["live_seqs"])
+    scores = torch.where(any_finished[:, None], s["finished_scores"],
+                         s["live_logprobs"] / best_possible_lp)
+    return tokens[:, :, 1:], scores
+
+
+# ------------------------------------------------------- uncached baseline
+
+def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mask=None,
+                           eos_id=None):
+    """The seeds' way, kept as a baseline for tests and benchmarks: every step
+    re-runs the decoder over the whole prefix (cross-attention keys/values
+    included). Same results as greedy_search; quadratic work."""
+    src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    with _eval_mode(model):
+        B = src_ids.shape[0]
+        memory, _ = model.encode(src_ids, src_mask)
+        tokens = torch.full((B, 1), ids["bos"], dtype=torch.long)
+        scores = torch.zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
+        finished = torch.zeros(B, dtype=torch.bool)
+        for _ in range(max_len):
+            hidden, _, _ = model.decode(tokens, memory, src_mask)  # (B, T, D)
+            log_probs = _log_softmax(model.project(hidden[:, -1:])[:, 0])  # (B, V)
+            next_ids = log_probs.argmax(dim=-1)
+            best = log_probs.gather(-1, next_ids[:, None])[:, 0]
+            next_ids = torch.where(finished, ids["pad"], next_ids)
+            scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
+            tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
+            finished = finished | (next_ids == ids["eos"])
+            if finished.all():
+                break
+        out = torch.full((B, max_len), ids["pad"], dtype=torch.long)
+        out[:, : tokens.shape[1] - 1] = tokens[:, 1:]
+        return out, scores
