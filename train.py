@@ -19,7 +19,7 @@ import json
 import sys
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default="runs/numbers",
@@ -55,12 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
     g = p.add_argument_group("model (the paper's base: --d-model 512 --heads 8 --d-ff 2048 "
                              "--layers 6)")
-    g.add_argument("--d-model", type=int, default=256, help="(default: %(default)s)")
-    g.add_argument("--heads", type=int, default=4, help="(default: %(default)s)")
-    g.add_argument("--d-ff", type=int, default=1024, help="(default: %(default)s)")
+    g.add_argument("--d-model", type=int, default=256,
+                   help="model width: embeddings and every sublayer output (default: %(default)s)")
+    g.add_argument("--heads", type=int, default=4,
+                   help="attention heads; must divide --d-model (default: %(default)s)")
+    g.add_argument("--d-ff", type=int, default=1024,
+                   help="inner width of the position-wise feed-forward layers (default: %(default)s)")
     g.add_argument("--layers", type=int, default=3,
                    help="encoder and decoder layers each (default: %(default)s)")
-    g.add_argument("--dropout", type=float, default=0.1, help="(default: %(default)s)")
+    g.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings, attention "
+                   "probabilities, the FFN and each sublayer output (default: %(default)s)")
     g.add_argument("--pre-norm", action="store_true",
                    help="pre-LayerNorm with final norms instead of the paper's post-LN")
 
@@ -71,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="warm-up steps of the paper's schedule (default: %(default)s)")
     g.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule "
                    "d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (default: %(default)s)")
-    g.add_argument("--label-smoothing", type=float, default=0.1, help="(default: %(default)s)")
+    g.add_argument("--label-smoothing", type=float, default=0.1,
+                   help="mass spread over the vocabulary; padding is ignored (default: %(default)s)")
     g.add_argument("--clip-norm", type=float, default=0.0,
                    help="clip gradients to this global norm; 0 = off (default: %(default)s)")
     g.add_argument("--accumulate", type=int, default=1, help="micro-batches per update, "
@@ -79,22 +84,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="compute dtype; parameters and optimizer state stay float32 "
                         "(default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="seeds the corpus split, data order, "
+                   "initialisation and dropout (default: %(default)s)")
 
     g = p.add_argument_group("checkpoints, evaluation, output")
-    g.add_argument("--checkpoint-every", type=int, default=250, help="(default: %(default)s)")
+    g.add_argument("--checkpoint-every", type=int, default=250,
+                   help="steps between orbax checkpoints (default: %(default)s)")
     g.add_argument("--keep", type=int, default=3,
                    help="checkpoints kept (default: %(default)s)")
     g.add_argument("--eval-every", type=int, default=500,
                    help="steps between held-out loss evaluations (default: %(default)s)")
     g.add_argument("--beam", type=int, default=1,
                    help="beam size for the final test translation; 1 = greedy (default: %(default)s)")
-    g.add_argument("--decode-batch-size", type=int, default=250, help="(default: %(default)s)")
+    g.add_argument("--decode-batch-size", type=int, default=250,
+                   help="sentences per batch when translating the test set (default: %(default)s)")
     g.add_argument("--samples", type=int, default=5,
                    help="sample translations printed at the end (default: %(default)s)")
     g.add_argument("--distributed", action="store_true", help="several hosts: call "
                    "jax.distributed.initialize() (coordinator from the environment)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     for name in ("steps", "max_tokens", "checkpoint_every", "eval_every", "keep", "accumulate",
                  "beam", "decode_batch_size", "warmup"):
@@ -105,8 +118,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from jax_transformer.train_loop import run  # after --help, which needs no JAX
-    summary = run(args)
+    # Imported after --help, which needs no JAX.
+    from jax_transformer.config import ConfigError
+    from jax_transformer.corpora import CorpusError
+    from jax_transformer.interchange import CheckpointError
+    from jax_transformer.tokenizer import TokenizerError
+    from jax_transformer.train_loop import run
+    try:
+        summary = run(args)
+    except (ConfigError, CorpusError, CheckpointError, TokenizerError) as e:
+        sys.exit(f"error: {e}")
     test = summary["test"]
     print(json.dumps({"step": summary["step"], "train_seconds": summary["train_seconds"],
                       "dev_loss": round(summary["dev"]["loss"], 4),

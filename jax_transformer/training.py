@@ -44,7 +44,7 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
     optax counts updates from 0, so update n uses step n + 1.
     """
     def schedule(count):
-        step = jnp.asarray(count, jnp.float32) + 1.0
+        step = jnp.asarray(count, dtype=float) + 1.0  # float64 under jax_enable_x64
         return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
     return schedule
 

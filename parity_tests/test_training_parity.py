@@ -1,0 +1,141 @@
+"""Training parity: the same gradients for every parameter, and the same parameters
+after 10 optimizer steps (paper schedule, label smoothing, clipping; dropout 0)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from jax_transformer import interchange
+from jax_transformer import training as jax_training
+from jax_transformer.weights import to_torch_state_dict
+from parity_tests.conftest import CONFIGS, build_pair, precision
+from torch_reference import training as torch_training
+
+TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared"]
+
+
+def make_batch(config, seed: int, rows: int = 3, src_len: int = 7, tgt_len: int = 6):
+    """{"src", "tgt_in", "tgt_out"} with right padding, as the data pipeline makes them."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(4, config.src_vocab_size, (rows, src_len))
+    pieces = rng.integers(4, config.tgt_vocab_size, (rows, tgt_len - 1))
+    tgt_in = np.concatenate([np.full((rows, 1), config.bos_id), pieces], axis=1)
+    tgt_out = np.concatenate([pieces, np.full((rows, 1), config.eos_id)], axis=1)
+    for row in range(1, rows):  # shorter sentences, padded
+        src[row, src_len - 2 * row:] = config.pad_id
+        tgt_in[row, tgt_len - row:] = config.pad_id
+        tgt_out[row, tgt_len - row - 1:] = config.pad_id
+        tgt_out[row, tgt_len - row - 2] = config.eos_id
+    return {k: v.astype(np.int32) for k, v in
+            dict(src=src, tgt_in=tgt_in, tgt_out=tgt_out).items()}
+
+
+def torch_batch(batch):
+    return {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}
+
+
+def jax_gradients(flax_model, batch, smoothing):
+    """d(mean loss)/d(param) for every parameter, torch-named and torch-laid-out."""
+    def loss(model):
+        logits = model(jnp.asarray(batch["src"]), jnp.asarray(batch["tgt_in"]))
+        loss_sum, tokens = jax_training.label_smoothed_cross_entropy(
+            logits, jnp.asarray(batch["tgt_out"]), model.config.pad_id, smoothing)
+        return loss_sum / tokens
+    grads = nnx.grad(loss)(flax_model)
+    out = {}
+    for path, g in nnx.to_flat_state(grads):
+        key, transpose = interchange.flax_path_to_torch_key(path)
+        g = np.asarray(g.get_value())
+        out[key] = g.T if transpose else g
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", TRAINING_CONFIGS)
+def test_gradients_match(name, dtype, direction):
+    config = CONFIGS[name].replace(dropout=0.0)
+    batch = make_batch(config, seed=1)
+    with precision(dtype) as dtypes:
+        flax_model, torch_model = build_pair(config, direction, dtypes)
+        grads_f = jax_gradients(flax_model, batch, smoothing=0.1)
+    tb = torch_batch(batch)
+    loss_sum, tokens = torch_training.label_smoothed_cross_entropy(
+        torch_model(tb["src"], tb["tgt_in"]), tb["tgt_out"], config.pad_id, 0.1)
+    (loss_sum / tokens).backward()
+    grads_t = {k: p.grad.numpy() for k, p in torch_model.named_parameters()}
+    assert sorted(grads_f) == sorted(grads_t)
+    largest = max(np.max(np.abs(g)) for g in grads_t.values())
+    for key, g_t in grads_t.items():
+        diff = np.max(np.abs(grads_f[key] - g_t))
+        if dtype == "float64":
+            assert diff <= 1e-10, f"{key}: max |diff| {diff:.3g}"
+        elif key.endswith("W_k.bias"):
+            # Exactly zero in exact arithmetic: a key bias shifts every score of a
+            # query row by q.b_k, and softmax ignores shifts. Both sides must give
+            # rounding noise; comparing noise to noise relatively means nothing.
+            for g in (grads_f[key], g_t):
+                assert np.max(np.abs(g)) <= 1e-5 * largest, f"{key} should be ~0"
+        else:
+            scale = np.max(np.abs(g_t))
+            assert scale > 0, f"{key}: zero gradient, the test would prove nothing"
+            assert diff <= 1e-4 * scale, f"{key}: relative diff {diff / scale:.3g}"
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("name", ["post_ln", "pre_ln_final_norm", "untied_bias"])
+def test_ten_optimizer_steps_match(name, accumulate, direction):
+    config = CONFIGS[name].replace(dropout=0.0)
+    steps, warmup, clip_norm = 10, 4, 0.25
+    batches = [[make_batch(config, seed=10 * s + m, rows=2 + m) for m in range(accumulate)]
+               for s in range(steps)]
+    with precision("float64") as dtypes:
+        flax_model, torch_model = build_pair(config, direction, dtypes)
+        trainer = jax_training.Trainer(
+            flax_model, jax_training.make_optimizer(
+                jax_training.paper_schedule(config.d_model, warmup, scale=2.0), clip_norm),
+            label_smoothing=0.1)
+        state = trainer.initial_state
+        jax_losses, jax_norms = [], []
+        for micro in batches:
+            micro = [trainer.shard_batch(b) for b in micro]
+            if accumulate == 1:
+                state, metrics = trainer.train_step(state, micro[0])
+            else:
+                state, metrics = trainer.accumulate(state, micro)
+            jax_losses.append(float(metrics["loss"]))
+            jax_norms.append(float(metrics["grad_norm"]))
+        jax_params = to_torch_state_dict(trainer.model(state))
+    initial = {k: p.detach().numpy().copy() for k, p in torch_model.named_parameters()}
+
+    optimizer, scheduler = torch_training.make_optimizer(
+        torch_model.train(), torch_training.paper_schedule(config.d_model, warmup, scale=2.0))
+    torch_losses, torch_norms = [], []
+    for micro in batches:
+        metrics = torch_training.train_step(torch_model, optimizer, scheduler,
+                                            [torch_batch(b) for b in micro],
+                                            label_smoothing=0.1, clip_norm=clip_norm)
+        torch_losses.append(float(metrics["loss"]))
+        torch_norms.append(float(metrics["grad_norm"]))
+
+    assert min(torch_norms) > clip_norm, "clipping must be active for the test to mean something"
+    np.testing.assert_allclose(jax_losses, torch_losses, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(jax_norms, torch_norms, rtol=1e-10)
+    for key, p in torch_model.named_parameters():
+        torch_value = p.detach().numpy()
+        if key.endswith("W_k.bias"):
+            # Its gradient is exactly zero (softmax ignores the per-row shift q.b_k),
+            # so each side's gradient is ~1e-17 rounding noise, which Adam amplifies by
+            # 1 / eps = 1e9. In exact arithmetic it never moves: check that on both
+            # sides (every other parameter moves by ~0.5 here) instead of comparing noise.
+            for value in (jax_params[key], torch_value):
+                assert np.max(np.abs(value - initial[key])) <= 1e-7, f"{key} moved"
+            continue
+        diff = np.max(np.abs(jax_params[key] - torch_value))
+        assert diff <= 1e-9, f"{key}: max |diff| {diff:.3g} after {steps} steps"
+        assert np.max(np.abs(torch_value - initial[key])) > 1e-3, f"{key} did not train"
+    assert int(state.step) == steps

@@ -1,0 +1,198 @@
+"""train.py end to end on a tiny model: outputs, exact resume, SIGKILL, NaN stop,
+bad data, compilation count, bf16, and the export running in torch_reference."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import train
+from jax_transformer import checkpointing, evaluation
+from jax_transformer.batching import BucketedBatches
+from jax_transformer.decoding import greedy_search as jax_greedy
+from jax_transformer.model import Transformer as FlaxTransformer
+from jax_transformer.tokenizer import Tokenizer
+from jax_transformer.train_loop import run
+from torch_reference import Transformer as TorchTransformer
+from torch_reference.decoding import greedy_search as torch_greedy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-number", "10000",
+        "--vocab-size", "200", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1",
+        "--max-tokens", "512", "--warmup", "4", "--checkpoint-every", "4", "--eval-every", "6",
+        "--decode-batch-size", "40", "--samples", "2", "--quiet"]
+
+
+def tiny_args(workdir, *extra):
+    return train.parse_args(["--workdir", str(workdir), *TINY, *extra])
+
+
+def losses(workdir) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted 12-step run."""
+    workdir = tmp_path_factory.mktemp("reference")
+    summary = run(tiny_args(workdir, "--steps", "12"))
+    return workdir, summary
+
+
+def test_run_writes_everything(reference_run):
+    workdir, summary = reference_run
+    for name in ("metrics.jsonl", "eval.json", "loss.png", "attention.png", "config.json",
+                 "tokenizer.model", "export/config.json", "export/model.safetensors",
+                 "export/tokenizer.model"):
+        assert (workdir / name).is_file(), name
+    assert [s for s, _ in losses(workdir)] == list(range(1, 13))
+    results = json.loads((workdir / "eval.json").read_text())
+    for key in ("loss", "perplexity", "exact_match", "bleu"):
+        assert math.isfinite(results["test"][key]), key
+    assert results["test"]["sentences"] == 40 and len(results["samples"]) == 2
+    assert summary["step"] == 12
+
+
+def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+    reference, _ = reference_run
+    run(tiny_args(tmp_path, "--steps", "8"))
+    run(tiny_args(tmp_path, "--steps", "12"))  # resumes from the step-8 checkpoint
+    assert losses(tmp_path) == losses(reference)
+
+
+def test_resume_refuses_other_settings(reference_run, tmp_path):
+    run(tiny_args(tmp_path, "--steps", "4"))
+    with pytest.raises(SystemExit, match="--d-ff 64 -> 48"):
+        run(tiny_args(tmp_path, "--steps", "8", "--d-ff", "48"))
+
+
+def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run, tmp_path):
+    """A real process killed with SIGKILL mid-training resumes from its latest
+    checkpoint and then reproduces the uninterrupted run's losses."""
+    reference, _ = reference_run
+    command = [sys.executable, "train.py", "--workdir", str(tmp_path), *TINY, "--steps", "12",
+               "--checkpoint-every", "2"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 7:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = max(s for s, _ in losses(tmp_path))
+    latest = checkpointing.Checkpointer(tmp_path).latest_step()
+    assert latest is not None and killed_at - 2 * 2 <= latest <= killed_at
+    assert killed_at < 12
+    run(tiny_args(tmp_path, "--steps", "12", "--checkpoint-every", "2"))
+    assert losses(tmp_path) == losses(reference)
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(SystemExit, match="stopping; the last good checkpoint is step") as info:
+        run(tiny_args(tmp_path, "--steps", "30", "--checkpoint-every", "1", "--lr-scale", "1e30"))
+    message = str(info.value)
+    bad_step = int(message.split(" at step ")[1].split(":")[0])
+    good_step = int(message.split("checkpoint is step ")[1].split()[0])
+    assert good_step == bad_step - 1
+    assert checkpointing.Checkpointer(tmp_path).latest_step() == good_step
+    model = checkpointing.restore_model(tmp_path)
+    params = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert params and all(np.all(np.isfinite(np.asarray(p))) for p in params)
+
+
+@pytest.mark.parametrize("src, tgt, message", [
+    ("one\ntwo\n", "eins\n", "a.txt has 2 lines but .*b.txt has 1"),
+    ("", "", "empty"),
+])
+def test_bad_data_gets_a_clear_error(tmp_path, src, tgt, message):
+    (tmp_path / "a.txt").write_text(src)
+    (tmp_path / "b.txt").write_text(tgt)
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path / "run"),
+                             "--src-path", str(tmp_path / "a.txt"),
+                             "--tgt-path", str(tmp_path / "b.txt"), "--quiet"],
+                            cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: "), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert re.search(message, last_line), last_line
+
+
+def test_help_documents_every_flag():
+    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+    actions = [a for a in train.build_parser()._actions if a.option_strings]
+    assert len(actions) > 30
+    for action in actions:
+        assert action.option_strings[-1] in result.stdout, action.option_strings
+        assert action.help, f"{action.option_strings} has no help text"
+
+
+def test_an_epoch_compiles_once_per_batch_shape(reference_run):
+    """Length buckets bound the compilations: one per announced batch shape."""
+    workdir, _ = reference_run
+    from jax_transformer.corpora import number_corpus
+    from jax_transformer.batching import encode_pairs
+    from jax_transformer.training import Trainer, make_optimizer, paper_schedule
+    tokenizer = Tokenizer(workdir / "tokenizer.model")
+    pairs = number_corpus(num_train=600, num_dev=1, num_test=1, max_number=100_000)["train"]
+    src, tgt, _ = encode_pairs(tokenizer, pairs)
+    batches = BucketedBatches(src, tgt, max_tokens=256, seed=0)
+    assert len(batches.shapes()) >= 2
+    model = FlaxTransformer.from_pretrained(workdir / "export")
+    trainer = Trainer(model, make_optimizer(paper_schedule(32, 4)))
+    state = trainer.initial_state
+    for epoch in range(2):
+        for batch in batches.epoch(epoch):
+            state, _ = trainer.train_step(state, trainer.shard_batch(batch))
+    assert trainer.train_step._cache_size() == len(batches.shapes())
+
+
+def test_bfloat16_compute_keeps_float32_parameters(tmp_path):
+    summary = run(tiny_args(tmp_path, "--steps", "3", "--dtype", "bfloat16"))
+    assert math.isfinite(summary["test"]["loss"])
+    model = FlaxTransformer.from_pretrained(tmp_path / "export")
+    assert model.encoder.layers[0].ffn.W_1.kernel[...].dtype == np.float32
+
+
+def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
+    workdir, _ = reference_run
+    export = workdir / "export"
+    tokenizer = Tokenizer(export / "tokenizer.model")
+    flax_model = FlaxTransformer.from_pretrained(export)
+    torch_model = TorchTransformer.from_pretrained(export).eval()
+    config = flax_model.config
+    samples = json.loads((workdir / "eval.json").read_text())["samples"]
+    sources = [sample["source"] for sample in samples] + [
+        "three hundred and forty-two", "nine thousand, nine hundred and ninety-nine", "seven"]
+
+    def torch_search(src, max_len):
+        with torch.no_grad():
+            return torch_greedy(torch_model, torch.from_numpy(src.astype(np.int64)),
+                                max_len=max_len)[0].numpy()
+
+    def flax_search(src, max_len):
+        return jax_greedy(flax_model, src, max_len=max_len)[0]
+
+    outputs = [evaluation.translate(search, tokenizer, sources, config.pad_id, config.eos_id,
+                                    batch_size=8) for search in (flax_search, torch_search)]
+    assert outputs[0] == outputs[1]
