@@ -1,0 +1,164 @@
+"""Translate sentences with a checkpoint directory.
+
+    python -m jax_transformer.translate --checkpoint DIR < source.txt > translations.txt
+    python -m jax_transformer.translate --checkpoint DIR --input source.txt --beam 4
+    python -m jax_transformer.translate --checkpoint DIR --framework torch   # torch_reference
+
+One sentence per line in, one translation per line out, in input order.
+The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
+plus eos. Sentences are sorted by length into batches and padded to a few
+fixed lengths (powers of two), so JAX compiles once per length bucket, not
+once per batch. Progress and errors go to stderr. `--framework torch` runs
+torch_reference and does not import JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from jax_transformer import interchange
+from jax_transformer.config import ConfigError
+from jax_transformer.tokenizer import Tokenizer, TokenizerError
+
+
+class TranslateError(ValueError):
+    pass
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m jax_transformer.translate",
+                                description="Translate one sentence per line.")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint directory (config.json, model.safetensors, tokenizer.model)")
+    p.add_argument("--input", help="source file, one sentence per line (default: stdin)")
+    p.add_argument("--output", help="where to write translations (default: stdout)")
+    p.add_argument("--framework", choices=("jax", "torch"), default="jax")
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy search (default 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="most output tokens per sentence (default: twice the padded source "
+                        "length + 10, at most the model's max_len)")
+    p.add_argument("--batch-size", type=int, default=32)
+    args = p.parse_args(argv)
+    for name in ("beam", "batch_size", "max_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return args
+
+
+def load(checkpoint, framework: str):
+    """(model, tokenizer) from a checkpoint directory, or a clear error."""
+    directory = Path(checkpoint)
+    if not directory.is_dir():
+        raise TranslateError(f"checkpoint directory {directory} does not exist")
+    tokenizer_file = interchange.tokenizer_path(directory)
+    if tokenizer_file is None:
+        raise TranslateError(
+            f"{directory} has no {interchange.TOKENIZER_FILE}; save the checkpoint with its "
+            "tokenizer (save_pretrained(dir, tokenizer=path))")
+    if framework == "torch":
+        import torch_reference
+        model = torch_reference.Transformer.from_pretrained(directory).eval()
+    else:
+        from jax_transformer.model import Transformer
+        model = Transformer.from_pretrained(directory)
+    tokenizer = Tokenizer(tokenizer_file)
+    tokenizer.check_fits(model.config)
+    return model, tokenizer
+
+
+def length_buckets(max_len: int) -> list[int]:
+    """8, 16, 32, ... and max_len itself: the padded source lengths."""
+    buckets, n = [], 8
+    while n < max_len:
+        buckets.append(n)
+        n *= 2
+    return buckets + [max_len]
+
+
+def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0.6,
+                    max_len=None, batch_size=32, progress=None) -> list[str]:
+    config = model.config
+    if max_len is not None and max_len > config.max_len:
+        raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
+    if framework == "torch":
+        from torch_reference import decoding
+    else:
+        from jax_transformer import decoding
+
+    sources = []
+    for i, line in enumerate(lines):
+        pieces = tokenizer.encode(line.strip())
+        if len(pieces) >= config.max_len:
+            print(f"warning: line {i + 1} truncated to the model's max_len "
+                  f"({config.max_len} tokens)", file=sys.stderr)
+        sources.append(pieces[: config.max_len - 1] + [config.eos_id])
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    buckets = length_buckets(config.max_len)
+    translations = [""] * len(sources)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for batch in (progress(batches) if progress else batches):
+        width = next(b for b in buckets if b >= max(len(sources[i]) for i in batch))
+        # Fixed shapes for jit: every batch is (batch_size, bucket); filler rows are [eos].
+        src = np.full((batch_size if framework == "jax" else len(batch), width), config.pad_id,
+                      np.int32)
+        src[:, 0] = config.eos_id
+        for row, i in enumerate(batch):
+            src[row, : len(sources[i])] = sources[i]
+        out_len = max_len or min(config.max_len, 2 * width + 10)
+        if beam == 1:
+            tokens, _ = decoding.greedy_search(model, src, max_len=out_len)
+        else:
+            tokens, _ = decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
+                                             alpha=alpha)
+            tokens = tokens[:, 0]  # the best beam
+        tokens = np.asarray(tokens)
+        for row, i in enumerate(batch):
+            translations[i] = tokenizer.decode(tokens[row].tolist())
+    return translations
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        model, tokenizer = load(args.checkpoint, args.framework)
+        if args.input:
+            try:
+                lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+            except OSError as e:
+                raise TranslateError(f"cannot read --input {args.input}: {e}") from e
+        else:
+            lines = sys.stdin.read().splitlines()
+        try:
+            from tqdm import tqdm
+            progress = lambda batches: tqdm(batches, desc="batches", unit="batch",
+                                            file=sys.stderr, disable=None)
+        except ImportError:
+            progress = None
+        start = time.perf_counter()
+        translations = translate_lines(lines, model, tokenizer, framework=args.framework,
+                                       beam=args.beam, alpha=args.alpha, max_len=args.max_len,
+                                       batch_size=args.batch_size, progress=progress)
+    except (TranslateError, interchange.CheckpointError, TokenizerError, ConfigError) as e:
+        print(f"translate: error: {e}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    text = "".join(t + "\n" for t in translations)
+    if args.output:
+        Path(args.output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    print(f"translated {len(lines)} sentences in {seconds:.1f}s ({args.framework}, "
+          f"{'greedy' if args.beam == 1 else f'beam {args.beam}'})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

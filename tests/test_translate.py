@@ -1,0 +1,146 @@
+"""The translate command on tiny checkpoints saved by either framework."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torch_reference
+from jax_transformer import TransformerConfig, translate
+from jax_transformer.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ("the cat dog sat on mat a house small big red blue green runs jumps over under "
+         "quick brown fox lazy river tree bird sings morning evening").split()
+LINES = ["the quick brown fox", "a small red house", "the bird sings", "the quick brown fox",
+         "", "green tree over the river"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    rng = np.random.RandomState(0)
+    corpus = [" ".join(rng.choice(WORDS, size=rng.randint(3, 10))) for _ in range(300)]
+    return Tokenizer.train(corpus, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=60)
+
+
+def tiny_config(tokenizer, **changes):
+    return TransformerConfig(src_vocab_size=tokenizer.vocab_size,
+                             tgt_vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
+                             d_ff=32, num_encoder_layers=1, num_decoder_layers=1, max_len=32,
+                             **changes)
+
+
+@pytest.fixture(scope="module")
+def jax_checkpoint(tokenizer, tmp_path_factory):
+    from flax import nnx
+    from jax_transformer.model import Transformer
+    directory = tmp_path_factory.mktemp("jax_ckpt")
+    Transformer(tiny_config(tokenizer), rngs=nnx.Rngs(0)).save_pretrained(
+        directory, tokenizer=tokenizer.path)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def torch_checkpoint(tokenizer, tmp_path_factory):
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("torch_ckpt")
+    torch_reference.Transformer(tiny_config(tokenizer)).save_pretrained(
+        directory, tokenizer=tokenizer.path)
+    return directory
+
+
+def run_main(args, capsys):
+    code = translate.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+@pytest.mark.parametrize("checkpoint", ["jax_checkpoint", "torch_checkpoint"])
+def test_both_frameworks_translate_the_same(checkpoint, request, tmp_path, capsys):
+    directory = request.getfixturevalue(checkpoint)
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    outputs = {}
+    for framework in ("jax", "torch"):
+        for beam in ("1", "3"):
+            code, out, err = run_main(["--checkpoint", directory, "--input", source,
+                                       "--framework", framework, "--beam", beam,
+                                       "--max-len", "12", "--batch-size", "4"], capsys)
+            assert code == 0, err
+            assert len(out) == len(LINES)
+            assert out[0] == out[3]  # input order kept across sorted batches
+            assert "translated 6 sentences" in err
+            outputs[framework, beam] = out
+    assert outputs["jax", "1"] == outputs["torch", "1"]
+    assert outputs["jax", "3"] == outputs["torch", "3"]
+
+
+def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys):
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    results = []
+    for batch_size in ("1", "4"):
+        code, out, err = run_main(["--checkpoint", jax_checkpoint, "--input", source,
+                                   "--framework", "torch", "--beam", "2", "--max-len", "12",
+                                   "--batch-size", batch_size], capsys)
+        assert code == 0, err
+        results.append(out)
+    assert results[0] == results[1]
+
+
+def test_command_line_reads_stdin_and_torch_needs_no_jax(torch_checkpoint):
+    """`python -m jax_transformer.translate` (run via runpy, as -m does) on stdin;
+    with --framework torch, JAX is never imported."""
+    script = ("import runpy, sys\n"
+              "sys.argv = ['translate'] + sys.argv[1:]\n"
+              "try:\n"
+              "    runpy.run_module('jax_transformer.translate', run_name='__main__')\n"
+              "except SystemExit as e:\n"
+              "    assert e.code in (0, None), e.code\n"
+              "assert 'jax' not in sys.modules, 'JAX was imported'\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "--checkpoint", str(torch_checkpoint),
+         "--framework", "torch", "--beam", "2", "--max-len", "10"],
+        input="the cat sat on the mat\na big dog\n", capture_output=True, text=True,
+        cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2
+    assert "translated 2 sentences" in result.stderr
+
+
+def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):
+    code, _, err = run_main(["--checkpoint", tmp_path / "nope"], capsys)
+    assert code == 2 and "does not exist" in err
+
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((jax_checkpoint / name).read_bytes())
+    code, _, err = run_main(["--checkpoint", no_tokenizer], capsys)
+    assert code == 2 and "tokenizer.model" in err
+
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.model"):
+        (no_weights / name).write_bytes((jax_checkpoint / name).read_bytes())
+    code, _, err = run_main(["--checkpoint", no_weights, "--framework", "torch"], capsys)
+    assert code == 2 and "model.safetensors" in err
+
+    # a tokenizer with more pieces than the model's vocabulary
+    small = tmp_path / "small_vocab"
+    torch_reference.Transformer(tiny_config(tokenizer).replace(
+        src_vocab_size=20, tgt_vocab_size=20)).save_pretrained(small, tokenizer=tokenizer.path)
+    code, _, err = run_main(["--checkpoint", small, "--framework", "torch"], capsys)
+    assert code == 2 and f"{tokenizer.vocab_size} pieces" in err
+
+    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                             "--max-len", "999", "--input", tmp_path / "missing.txt"], capsys)
+    assert code == 2 and "missing.txt" in err
+    source = tmp_path / "one.txt"
+    source.write_text("a cat\n")
+    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                             "--max-len", "999", "--input", source], capsys)
+    assert code == 2 and "exceeds the model's max_len" in err
