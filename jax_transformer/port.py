@@ -148,7 +148,7 @@ def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     for flag, ok in (("normalize_before", False), ("normalize_embedding", False),
                      ("add_final_layer_norm", False), ("add_bias_logits", False),
                      ("static_position_embeddings", True)):
-        require(get(flag, ok) == ok, f"{flag}={hf[flag]!r} (Marian's MarianMTModel needs {ok})")
+        require(get(flag, ok) == ok, f"{flag}={hf.get(flag)!r} (Marian's MarianMTModel needs {ok})")
     require(get("encoder_attention_heads", 16) == get("decoder_attention_heads", 16),
             "encoder_attention_heads != decoder_attention_heads")
     require(get("encoder_ffn_dim", 4096) == get("decoder_ffn_dim", 4096),
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             config = convert_torch_reference(args.src, args.out, args.config, args.tokenizer)
         else:
             config = convert_jax_orbax(args.src, args.out, args.step, args.tokenizer)
-    except (PortError, ConfigError, interchange.CheckpointError, json.JSONDecodeError) as e:
+    except (PortError, ConfigError, interchange.CheckpointError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {config}")
