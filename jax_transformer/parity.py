@@ -212,7 +212,8 @@ def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
     return reports
 
 
-def print_reports(reports: Sequence[Report], header: str = "", file: TextIO = sys.stdout) -> None:
+def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | None = None) -> None:
+    file = file or sys.stdout
     if header:
         print(header, file=file)
     for report in reports:
