@@ -90,7 +90,7 @@ def greedy(logits_fn, src, bos: int, pad: int, width: int = 6):
     return tgt
 
 
-def assert_matches(source_fn, directory, src, tgt, bos, pad, dtype, tol):
+def assert_matches(source_fn, directory, src, tgt, bos, pad, dtype, tol, check_greedy=True):
     """Both of our frameworks give the source model's logits and greedy tokens."""
     flax_model, torch_model = load_ours(directory, dtype)
     expected = source_fn(src, tgt)
@@ -98,6 +98,8 @@ def assert_matches(source_fn, directory, src, tgt, bos, pad, dtype, tol):
     assert flax_out.dtype == torch_out.dtype == np.dtype(dtype)
     assert np.abs(flax_out - expected).max() <= tol, np.abs(flax_out - expected).max()
     assert np.abs(torch_out - expected).max() <= tol, np.abs(torch_out - expected).max()
+    if not check_greedy:  # the float32 tests check tokens; float64 adds nothing but time
+        return
     want = greedy(source_fn, src, bos, pad, tgt.shape[1])
     for side in (0, 1):  # Flax, torch_reference
         got = greedy(lambda s, t: our_logits(flax_model, torch_model, s, t)[side], src, bos, pad,
@@ -177,7 +179,8 @@ def test_marian_float64_from_pytorch_model_bin(tmp_path):
                                                            "half_split")).clone()
     src, tgt = source_batch(100, PAD, EOS), target_batch(100, PAD)
     with jax.enable_x64(True):
-        assert_matches(marian_logits_fn(model), out_dir, src, tgt, PAD, PAD, "float64", 1e-10)
+        assert_matches(marian_logits_fn(model), out_dir, src, tgt, PAD, PAD, "float64", 1e-10,
+                       check_greedy=False)
 
 
 def test_marian_positions_equal_ours():
@@ -356,7 +359,8 @@ def test_torch_nn_transformer_float64(tmp_path):
     model = model.double()
     src, tgt = source_batch(100, pad=0, eos=2), target_batch(100, bos=1)
     with jax.enable_x64(True):
-        assert_matches(nn_logits_fn(model), tmp_path / "ours", src, tgt, 1, 0, "float64", 1e-10)
+        assert_matches(nn_logits_fn(model), tmp_path / "ours", src, tgt, 1, 0, "float64", 1e-10,
+                       check_greedy=False)
 
 
 def test_torch_nn_transformer_in_proj_is_split_q_k_v(tmp_path):
