@@ -1,0 +1,273 @@
+"""Layer-by-layer parity report: one checkpoint, both frameworks, the same batch.
+
+    python -m jax_transformer.parity CHECKPOINT_DIR [--sentences FILE] [--dtypes float32,float64]
+
+Loads the checkpoint into the Flax model and into torch_reference, runs the
+same batch through both one step at a time (embeddings; per layer the
+attention weights, the attention sublayer output and the layer output; each
+stack's output; logits), and prints max |diff| and relative difference
+(max |diff| / max |torch|) for every tensor, in float32 and float64. The first
+tensor over the tolerance is flagged; the exit code is 1 when any is, so the
+report can gate CI. torch_reference is the reference side.
+
+Each framework propagates its own activations, so a row shows the error
+accumulated up to that point: the first flagged row is where parity breaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Callable, Sequence, TextIO
+
+import numpy as np
+
+from jax_transformer import interchange
+from jax_transformer.config import TransformerConfig
+
+DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    shape: tuple[int, ...]
+    max_abs: float
+    rel: float
+    ok: bool
+
+
+@dataclasses.dataclass
+class Report:
+    dtype: str
+    tolerance: float
+    rows: list[Row]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    @property
+    def first_failure(self) -> Row | None:
+        return next((r for r in self.rows if not r.ok), None)
+
+
+# ------------------------------------------------------------------ batches
+
+def generated_batch(config: TransformerConfig, batch_size: int = 2, src_len: int = 9,
+                    tgt_len: int = 7, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random source rows of decreasing length (ending in eos, right-padded) and
+    target rows starting with bos."""
+    rng = np.random.default_rng(seed)
+    src_len, tgt_len = min(src_len, config.max_len), min(tgt_len, config.max_len)
+    specials = {config.pad_id, config.bos_id, config.eos_id}
+
+    def tokens(vocab, shape):
+        ids = rng.integers(0, vocab, size=shape)
+        for s in specials:  # move specials to a regular token
+            ids = np.where(ids == s, (s + len(specials) + 1) % vocab, ids)
+        return ids
+
+    src = tokens(config.src_vocab_size, (batch_size, src_len))
+    for b in range(batch_size):
+        length = max(2, src_len - 2 * b)
+        src[b, length - 1] = config.eos_id
+        src[b, length:] = config.pad_id
+    tgt = tokens(config.tgt_vocab_size, (batch_size, tgt_len))
+    tgt[:, 0] = config.bos_id
+    return src.astype(np.int64), tgt.astype(np.int64)
+
+
+def sentence_batch(directory: str | Path, config: TransformerConfig,
+                   sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize with the checkpoint's tokenizer. Source: pieces + eos; target
+    (teacher-forced): bos + the same sentence's pieces on the target side."""
+    from jax_transformer.port import MarianTokenizer
+    if MarianTokenizer.is_present(directory):
+        tok = MarianTokenizer(directory)
+        src_rows = [tok.encode(s, "source") for s in sentences]
+        tgt_rows = [[config.bos_id] + tok.encode(s, "target")[:-1] for s in sentences]
+    elif interchange.tokenizer_path(directory) is not None:
+        from jax_transformer.tokenizer import Tokenizer
+        tok = Tokenizer(interchange.tokenizer_path(directory))
+        src_rows = [tok.encode(s) + [config.eos_id] for s in sentences]
+        tgt_rows = [[config.bos_id] + tok.encode(s) for s in sentences]
+    else:
+        raise ValueError(f"{directory} has no tokenizer (tokenizer.model, or Marian's "
+                         "source.spm + vocab.json): use a generated batch instead")
+
+    def pad(rows):
+        rows = [r[: config.max_len] for r in rows]
+        width = max(len(r) for r in rows)
+        return np.array([r + [config.pad_id] * (width - len(r)) for r in rows], np.int64)
+
+    return pad(src_rows), pad(tgt_rows)
+
+
+# ------------------------------------------------------------------ tracing
+
+def trace(model, src, tgt, causal_mask: Callable, padding_mask: Callable) -> dict:
+    """Every intermediate of a forward pass, in order. Works on both frameworks'
+    models (same module names, same call signatures); the arrays stay native."""
+    out = {}
+    config = model.config
+    src_mask = padding_mask(src, config.pad_id)  # (B, 1, 1, S)
+    tgt_mask = causal_mask(tgt.shape[1])  # (1, 1, T, T)
+    x = model.embed(model.source_embedding(), src)
+    out["encoder.embed"] = x
+    for i, layer in enumerate(model.encoder.layers):
+        p = f"encoder.layers.{i}"
+        h = layer.residual.norm_input(x, layer.self_attn_norm)
+        attn, weights = layer.self_attn(h, h, src_mask)
+        out[f"{p}.self_attn.weights"], out[f"{p}.self_attn.out"] = weights, attn
+        x, _ = layer(x, src_mask)
+        out[f"{p}.out"] = x
+    if model.encoder.final_norm is not None:
+        x = model.encoder.final_norm(x)
+    out["encoder.out"] = memory = x
+    y = model.embed(model.target_embedding(), tgt)
+    out["decoder.embed"] = y
+    for i, layer in enumerate(model.decoder.layers):
+        p = f"decoder.layers.{i}"
+        h = layer.residual.norm_input(y, layer.self_attn_norm)
+        attn, weights = layer.self_attn(h, h, tgt_mask)
+        out[f"{p}.self_attn.weights"], out[f"{p}.self_attn.out"] = weights, attn
+        y1 = layer.residual.add_residual(y, attn, layer.self_attn_norm)
+        h = layer.residual.norm_input(y1, layer.cross_attn_norm)
+        attn, weights = layer.cross_attn(h, memory, src_mask)
+        out[f"{p}.cross_attn.weights"], out[f"{p}.cross_attn.out"] = weights, attn
+        y, _, _ = layer(y, memory, src_mask, tgt_mask)
+        out[f"{p}.out"] = y
+    if model.decoder.final_norm is not None:
+        y = model.decoder.final_norm(y)
+    out["decoder.out"] = y
+    out["logits"] = model(src, tgt)  # the real forward, end to end
+    return out
+
+
+def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax_transformer import masks
+    from jax_transformer.model import Transformer
+    model = Transformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype))
+    model = nnx.view(model, deterministic=True)
+    result = trace(model, jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32),
+                   masks.causal_mask, masks.padding_mask)
+    return {k: np.asarray(v) for k, v in result.items()}
+
+
+def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
+    import torch
+    import torch_reference
+    from torch_reference import masks
+    model = torch_reference.Transformer.from_pretrained(directory, dtype=getattr(torch, dtype))
+    model.eval()
+    with torch.no_grad():
+        result = trace(model, torch.from_numpy(src), torch.from_numpy(tgt),
+                       masks.causal_mask, masks.padding_mask)
+    return {k: v.numpy() for k, v in result.items()}
+
+
+def compare(reference: dict[str, np.ndarray], other: dict[str, np.ndarray], dtype: str,
+            tolerance: float) -> Report:
+    rows = []
+    for name, ref in reference.items():
+        got = other[name]
+        if got.shape != ref.shape:
+            rows.append(Row(name, ref.shape, float("inf"), float("inf"), False))
+            continue
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        max_abs = float(diff.max()) if diff.size else 0.0
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        rel = max_abs / scale if scale > 0 else max_abs
+        ok = bool(np.isfinite(got).all()) and max_abs <= tolerance
+        rows.append(Row(name, tuple(ref.shape), max_abs, rel, ok))
+    return Report(dtype, tolerance, rows)
+
+
+def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
+        src: np.ndarray | None = None, tgt: np.ndarray | None = None,
+        tolerances: dict[str, float] | None = None) -> list[Report]:
+    """Trace both frameworks on one batch per dtype and compare. float64 runs under
+    `jax.enable_x64`, so calling this does not change JAX's global setting."""
+    import jax
+    import torch
+    tolerances = {**DEFAULT_TOLERANCE, **(tolerances or {})}
+    config, _ = interchange.load_dir(directory)
+    if src is None or tgt is None:
+        src, tgt = generated_batch(config)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    reports = []
+    for dtype in dtypes:
+        if dtype not in DEFAULT_TOLERANCE:
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
+            ours = trace_jax(directory, dtype, src, tgt)
+        reference = trace_torch(directory, dtype, src, tgt)
+        reports.append(compare(reference, ours, dtype, tolerances[dtype]))
+    return reports
+
+
+def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | None = None) -> None:
+    file = file or sys.stdout
+    if header:
+        print(header, file=file)
+    for report in reports:
+        print(f"\n{report.dtype}: Flax vs torch_reference, tolerance max|diff| <= "
+              f"{report.tolerance:.0e}", file=file)
+        width = max(len(r.name) for r in report.rows) + 2
+        print(f"  {'tensor':<{width}}{'shape':<18}{'max|diff|':>11}{'rel diff':>11}", file=file)
+        first = report.first_failure
+        for r in report.rows:
+            flag = "ok" if r.ok else ("FAIL  <-- first over tolerance" if r is first else "FAIL")
+            print(f"  {r.name:<{width}}{str(r.shape):<18}{r.max_abs:>11.3e}{r.rel:>11.3e}  {flag}",
+                  file=file)
+        verdict = "PASS" if report.ok else f"FAIL (first: {first.name})"
+        print(f"  {report.dtype}: {verdict}", file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jax_transformer.parity",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="checkpoint directory (config.json + model.safetensors)")
+    parser.add_argument("--sentences", help="text file, one source sentence per line, tokenized "
+                                            "with the checkpoint's tokenizer (default: random ids)")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--src-len", type=int, default=9)
+    parser.add_argument("--tgt-len", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tol32", type=float, default=DEFAULT_TOLERANCE["float32"])
+    parser.add_argument("--tol64", type=float, default=DEFAULT_TOLERANCE["float64"])
+    args = parser.parse_args(argv)
+    try:
+        config, _ = interchange.load_dir(args.checkpoint)
+        if args.sentences:
+            lines = [l.strip() for l in Path(args.sentences).read_text().splitlines() if l.strip()]
+            if not lines:
+                raise ValueError(f"{args.sentences} has no sentences")
+            src, tgt = sentence_batch(args.checkpoint, config, lines)
+            what = f"{len(lines)} sentence(s) from {args.sentences}"
+        else:
+            src, tgt = generated_batch(config, args.batch_size, args.src_len, args.tgt_len,
+                                       args.seed)
+            what = f"generated, seed {args.seed}"
+        reports = run(args.checkpoint, [d.strip() for d in args.dtypes.split(",") if d.strip()],
+                      src=src, tgt=tgt,
+                      tolerances={"float32": args.tol32, "float64": args.tol64})
+    except (ValueError, OSError) as e:  # includes CheckpointError / ConfigError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_reports(reports, f"checkpoint {args.checkpoint}: batch {src.shape[0]} x src "
+                           f"{src.shape[1]} / tgt {tgt.shape[1]} tokens ({what})")
+    ok = all(r.ok for r in reports)
+    print("\nparity: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
