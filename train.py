@@ -42,10 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="source column of --columns-path (default: %(default)s)")
     g.add_argument("--tgt-column", default="target",
                    help="target column of --columns-path (default: %(default)s)")
+    g.add_argument("--dev-src-path", help="parallel text: dev set source (default: hold out "
+                   "--num-dev training pairs)")
+    g.add_argument("--dev-tgt-path", help="parallel text: dev set target")
+    g.add_argument("--test-src-path", help="parallel text: test set source (default: hold out "
+                   "--num-test training pairs)")
+    g.add_argument("--test-tgt-path", help="parallel text: test set target")
     g.add_argument("--num-dev", type=int, default=1000,
                    help="held-out pairs for the dev set (default: %(default)s)")
     g.add_argument("--num-test", type=int, default=1000,
                    help="held-out pairs for the test set (default: %(default)s)")
+    g.add_argument("--tokenizer-type", choices=("unigram", "bpe"), default="unigram",
+                   help="SentencePiece model type; the paper used byte-pair encoding "
+                        "(default: %(default)s)")
     g.add_argument("--vocab-size", type=int, default=8000, help="shared SentencePiece "
                    "vocabulary size; smaller if the text has fewer pieces (default: %(default)s)")
     g.add_argument("--max-len", type=int, default=256, help="longest sentence in tokens; longer "

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx

@@ -2,13 +2,14 @@
 
     pairs --train_tokenizer--> Tokenizer (one vocabulary for both sides)
     pairs --encode_pairs-----> src_ids, tgt_ids (int32 piece arrays, no specials)
-          --BucketedBatches--> {"src": (B, L), "tgt_in": (B, L), "tgt_out": (B, L)}
+          --BucketedBatches--> {"src": (B, S), "tgt_in": (B, T), "tgt_out": (B, T)}
 
-Shapes. A pair goes to the smallest bucket length L >= max(len(src) + 1,
-len(tgt) + 1) (the +1 is eos, or bos on the decoder input); source and target
-are both padded to L. A bucket's batch size is fixed, B = max_tokens // L
-rounded down to a multiple of `batch_multiple`, so B * L <= max_tokens and B
-splits evenly over devices. A bucket's last, partial batch is filled with
+Shapes. The source is padded to the smallest bucket length S >= len(src) + 1
+(+1 for eos), the target to the smallest T >= len(tgt) + 1 (+1 for bos on the
+decoder input); pairs with the same (S, T) share a bucket. A bucket's batch
+size is fixed, B = max_tokens // max(S, T) rounded down to a multiple of
+`batch_multiple`, so B * max(S, T) <= max_tokens and B splits evenly over
+devices. A bucket's last, partial batch is filled with
 all-pad rows (src[:, 0] == PAD_ID marks them; their labels are all pad, so a
 pad-masked loss ignores them). `BucketedBatches.shapes()` lists every shape an
 epoch yields: jit compiles once per entry, and never again.
@@ -82,8 +83,9 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256
 
 @dataclasses.dataclass(frozen=True)
 class Bucket:
-    length: int  # L: source and target padded to this many positions
-    batch_size: int  # B: rows per batch, B * L <= max_tokens
+    src_length: int  # S: sources padded to this many positions
+    tgt_length: int  # T: targets padded to this many positions
+    batch_size: int  # B: rows per batch, B * max(S, T) <= max_tokens
     examples: np.ndarray  # (n,) indices of the pairs in this bucket, ascending
 
     @property
@@ -109,27 +111,33 @@ class BucketedBatches:
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
         self.shuffle, self.seed = shuffle, seed
         boundaries = np.array(sorted(set(buckets)))
-        # Positions each pair needs: pieces + eos (source) / bos + pieces (target).
-        needed = np.array([max(len(s), len(t)) + 1 for s, t in zip(src_ids, tgt_ids)])
-        if needed.max() > boundaries[-1]:
-            raise ValueError(f"a pair needs {needed.max()} positions, more than the largest "
+        # Positions each side needs: pieces + eos (source), bos + pieces (target).
+        # Each side is padded to its own bucket, so a short target is not padded
+        # to its source's length (number words: ~5 German pieces, ~12 English).
+        src_needed = np.array([len(s) + 1 for s in src_ids])
+        tgt_needed = np.array([len(t) + 1 for t in tgt_ids])
+        longest = max(src_needed.max(), tgt_needed.max())
+        if longest > boundaries[-1]:
+            raise ValueError(f"a pair needs {longest} positions, more than the largest "
                              f"bucket {boundaries[-1]}; encode with max_len <= it")
-        bucket_of = np.searchsorted(boundaries, needed)  # smallest boundary >= needed
+        src_bucket = np.searchsorted(boundaries, src_needed)  # smallest boundary >= needed
+        tgt_bucket = np.searchsorted(boundaries, tgt_needed)
         self.buckets: list[Bucket] = []
-        for b, length in enumerate(boundaries):
-            examples = np.flatnonzero(bucket_of == b)
-            if len(examples) == 0:
-                continue
-            batch_size = max_tokens // length // batch_multiple * batch_multiple
+        for b_src, b_tgt in sorted(set(zip(src_bucket.tolist(), tgt_bucket.tolist()))):
+            examples = np.flatnonzero((src_bucket == b_src) & (tgt_bucket == b_tgt))
+            S, T = int(boundaries[b_src]), int(boundaries[b_tgt])
+            batch_size = max_tokens // max(S, T) // batch_multiple * batch_multiple
             if batch_size == 0:
                 raise ValueError(f"max_tokens {max_tokens} cannot hold {batch_multiple} rows of "
-                                 f"length {length}; need max_tokens >= {batch_multiple * length}")
-            self.buckets.append(Bucket(int(length), int(batch_size), examples))
+                                 f"length {max(S, T)}; need max_tokens >= "
+                                 f"{batch_multiple * max(S, T)}")
+            self.buckets.append(Bucket(S, T, int(batch_size), examples))
         self.num_batches = sum(bucket.num_batches for bucket in self.buckets)  # per epoch
 
-    def shapes(self) -> list[tuple[int, int]]:
-        """Every (B, L) an epoch yields: src, tgt_in and tgt_out are all (B, L)."""
-        return [(bucket.batch_size, bucket.length) for bucket in self.buckets]
+    def shapes(self) -> list[tuple[int, int, int]]:
+        """Every (B, S, T) an epoch yields: src is (B, S), tgt_in and tgt_out (B, T)."""
+        return [(bucket.batch_size, bucket.src_length, bucket.tgt_length)
+                for bucket in self.buckets]
 
     def epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
         """The batches of `epoch` as (bucket index, example indices), a function of (seed, epoch)."""
@@ -144,12 +152,11 @@ class BucketedBatches:
         return plan
 
     def make_batch(self, bucket_index: int, examples: np.ndarray) -> dict[str, np.ndarray]:
-        """Pad the given examples into one batch of the bucket's shape (B, L)."""
+        """Pad the given examples into one batch of the bucket's shape."""
         bucket = self.buckets[bucket_index]
-        shape = (bucket.batch_size, bucket.length)
-        src = np.full(shape, PAD_ID, np.int32)  # pieces + [eos]
-        tgt_in = np.full(shape, PAD_ID, np.int32)  # [bos] + pieces
-        tgt_out = np.full(shape, PAD_ID, np.int32)  # pieces + [eos]
+        src = np.full((bucket.batch_size, bucket.src_length), PAD_ID, np.int32)  # pieces + [eos]
+        tgt_in = np.full((bucket.batch_size, bucket.tgt_length), PAD_ID, np.int32)  # [bos] + pieces
+        tgt_out = np.full_like(tgt_in, PAD_ID)  # pieces + [eos]
         for row, i in enumerate(examples):  # rows past len(examples) stay all-pad
             s, t = self.src_ids[i], self.tgt_ids[i]
             src[row, :len(s)] = s

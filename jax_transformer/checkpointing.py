@@ -66,9 +66,20 @@ class Checkpointer:
         self.manager.close()
 
 
-def restore_model(workdir: str | Path, step: int | None = None) -> Transformer:
-    """The model (float32, eval-ready) from a training run's work directory."""
-    workdir = Path(workdir)
+def run_directory(path: str | Path) -> Path:
+    """A run's work directory, given it or its checkpoints/ directory."""
+    path = Path(path)
+    if path.name == CHECKPOINTS and not (path / "config.json").exists():
+        path = path.parent
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a train.py work directory (no config.json)")
+    return path
+
+
+def restore_model(path: str | Path, step: int | None = None) -> Transformer:
+    """The model (float32 parameters) from a training run's work directory or its
+    checkpoints/ directory; the latest step unless `step` is given."""
+    workdir = run_directory(path)
     config = TransformerConfig.from_json(workdir / "config.json")
     model = Transformer(config, rngs=nnx.Rngs(0))
     params = nnx.state(model, nnx.Param)

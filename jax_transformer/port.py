@@ -547,12 +547,13 @@ def convert_torch_reference(src: str | Path, out_dir: str | Path,
 def convert_jax_orbax(src: str | Path, out_dir: str | Path, step: int | None = None,
                       tokenizer: str | Path | None = None) -> TransformerConfig:
     """A training checkpoint written by train.py (orbax, under WORKDIR/checkpoints)."""
+    from jax_transformer.checkpointing import restore_model, run_directory
     try:
-        from jax_transformer.checkpointing import restore_model
-    except ImportError as e:
-        raise PortError("--from jax-orbax needs jax_transformer.checkpointing.restore_model, "
-                        f"which this installation lacks: {e}") from e
-    model = restore_model(src, step=step)
+        model = restore_model(src, step=step)
+    except FileNotFoundError as e:
+        raise PortError(str(e)) from e
+    if tokenizer is None:  # the run's own tokenizer, when it has one
+        tokenizer = interchange.tokenizer_path(run_directory(src))
     model.save_pretrained(out_dir, tokenizer=tokenizer)
     return model.config
 

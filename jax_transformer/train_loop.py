@@ -61,21 +61,35 @@ def check_run_settings(workdir: Path, args: argparse.Namespace, resuming: bool) 
 
 
 def load_corpus(args) -> dict[str, list[tuple[str, str]]]:
-    if args.src_path or args.tgt_path:
-        if not (args.src_path and args.tgt_path):
-            raise SystemExit("error: --src-path and --tgt-path go together")
-        pairs, report = corpora.read_parallel_text(args.src_path, args.tgt_path)
-    elif args.columns_path:
-        pairs, report = corpora.read_columns(args.columns_path, args.src_column, args.tgt_column)
-    else:
+    if not (args.src_path or args.tgt_path or args.columns_path):
         splits = corpora.number_corpus(args.src_lang, args.tgt_lang, num_train=args.num_train,
                                        num_dev=args.num_dev, num_test=args.num_test,
                                        max_number=args.max_number, seed=args.seed)
         log(f"corpus: {args.src_lang}->{args.tgt_lang} number words, "
             + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
         return splits
+    if args.columns_path:
+        pairs, report = corpora.read_columns(args.columns_path, args.src_column, args.tgt_column)
+    else:
+        pairs, report = corpora.read_parallel_text(*paired_paths(args, "src_path", "tgt_path"))
     log(f"corpus: {report}")
-    return corpora.holdout_split(pairs, args.num_dev, args.num_test, seed=args.seed)
+    given = {}
+    for split in ("dev", "test"):
+        paths = paired_paths(args, f"{split}_src_path", f"{split}_tgt_path")
+        if paths:
+            given[split], report = corpora.read_parallel_text(*paths)
+            log(f"{split}: {report}")
+    held_out = corpora.holdout_split(pairs, 0 if "dev" in given else args.num_dev,
+                                     0 if "test" in given else args.num_test, seed=args.seed)
+    return {**held_out, **given}
+
+
+def paired_paths(args, src_flag: str, tgt_flag: str) -> tuple[str, str] | None:
+    src, tgt = getattr(args, src_flag), getattr(args, tgt_flag)
+    if bool(src) != bool(tgt):
+        raise SystemExit(f"error: --{src_flag.replace('_', '-')} and "
+                         f"--{tgt_flag.replace('_', '-')} go together")
+    return (src, tgt) if src else None
 
 
 def model_config(args, vocab_size: int) -> TransformerConfig:
@@ -127,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
         tokenizer = Tokenizer(tokenizer_path)
     else:
         tokenizer = train_tokenizer(splits["train"], tokenizer_path, vocab_size=args.vocab_size,
-                                    seed=args.seed)
+                                    model_type=args.tokenizer_type, seed=args.seed)
     log(f"tokenizer: {tokenizer.vocab_size} pieces -> {tokenizer_path}")
     data = {}
     for split, pairs in splits.items():
@@ -137,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
         data[split] = BucketedBatches(src_ids, tgt_ids, args.max_tokens,
                                       batch_multiple=jax.device_count(),
                                       shuffle=split == "train", seed=args.seed)
-    log("train batch shapes (rows, length): " + ", ".join(map(str, data["train"].shapes())))
+    log("train batch shapes (rows, source length, target length): " + ", ".join(map(str, data["train"].shapes())))
 
     # Model and optimizer.
     config_path = workdir / interchange.CONFIG_FILE

@@ -12,7 +12,6 @@ import numpy as np
 from flax import nnx
 
 from jax_transformer import interchange
-from jax_transformer.config import TransformerConfig
 from jax_transformer.model import Transformer
 
 

@@ -3,7 +3,6 @@ after 10 optimizer steps (paper schedule, label smoothing, clipping; dropout 0).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -8,8 +8,8 @@ import pytest
 from num2words import num2words
 
 from jax_transformer import batching
-from jax_transformer.batching import (BucketedBatches, TOO_MANY_TOKENS, encode_pairs,
-                                      train_tokenizer)
+from jax_transformer.batching import (DEFAULT_BUCKETS, TOO_MANY_TOKENS, BucketedBatches,
+                                      encode_pairs, train_tokenizer)
 from jax_transformer.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
                                      cardinal_words, holdout_split, number_corpus,
                                      read_columns, read_parallel_text, sample_numbers)
@@ -168,15 +168,17 @@ def test_buckets_shapes_budget_and_every_pair_once():
     src, tgt = synthetic_examples()
     data = BucketedBatches(src, tgt, max_tokens=500, batch_multiple=4, seed=0)
     shapes = data.shapes()
-    assert [length for _, length in shapes] == [8, 16, 24, 32, 48, 64]
-    assert all(b * length <= 500 and b % 4 == 0 and b > 0 for b, length in shapes)
+    assert len(set(shapes)) == len(shapes) > 1
+    assert all(b * max(S, T) <= 500 and b % 4 == 0 and b > 0 for b, S, T in shapes)
     seen, pad_rows, batches = collections.Counter(), 0, list(data.epoch(3))
     assert len(batches) == data.num_batches
     for batch in batches:
-        b, length = batch["src"].shape
-        assert (b, length) in shapes
-        for key in ("tgt_in", "tgt_out"):
-            assert batch[key].shape == (b, length) and batch[key].dtype == np.int32
+        b, S = batch["src"].shape
+        T = batch["tgt_in"].shape[1]
+        assert (b, S, T) in shapes
+        for key in ("src", "tgt_in", "tgt_out"):
+            assert batch[key].shape == (b, S if key == "src" else T)
+            assert batch[key].dtype == np.int32
         for row in range(b):
             if batch["src"][row, 0] == PAD_ID:  # an all-pad filler row
                 pad_rows += 1
@@ -186,13 +188,16 @@ def test_buckets_shapes_budget_and_every_pair_once():
             i = batch["src"][row, 0] - 4
             seen[i] += 1
             s, t = src[i], tgt[i]
-            pad = lambda ids: np.pad(ids, (0, length - len(ids)))  # noqa: E731
-            np.testing.assert_array_equal(batch["src"][row], pad(np.r_[s, EOS_ID]))
-            np.testing.assert_array_equal(batch["tgt_in"][row], pad(np.r_[BOS_ID, t]))
-            np.testing.assert_array_equal(batch["tgt_out"][row], pad(np.r_[t, EOS_ID]))
-            # The smallest bucket that fits: the next smaller one would not.
-            smaller = max([0] + [L for _, L in shapes if L < length])
-            assert smaller < max(len(s), len(t)) + 1 <= length
+            np.testing.assert_array_equal(batch["src"][row], np.pad(np.r_[s, EOS_ID],
+                                                                    (0, S - len(s) - 1)))
+            np.testing.assert_array_equal(batch["tgt_in"][row], np.pad(np.r_[BOS_ID, t],
+                                                                       (0, T - len(t) - 1)))
+            np.testing.assert_array_equal(batch["tgt_out"][row], np.pad(np.r_[t, EOS_ID],
+                                                                        (0, T - len(t) - 1)))
+            # Each side's smallest bucket that fits: the next smaller one would not.
+            for length, needed in ((S, len(s) + 1), (T, len(t) + 1)):
+                smaller = max([0] + [L for L in DEFAULT_BUCKETS if L < length])
+                assert smaller < needed <= length
     assert seen == {i: 1 for i in range(len(src))}
     total_rows = sum(bucket.num_batches * bucket.batch_size for bucket in data.buckets)
     assert pad_rows == total_rows - len(src) > 0

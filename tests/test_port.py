@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -445,24 +443,3 @@ def test_torch_reference_without_config_is_an_error(tmp_path, capsys):
     assert port.main(["--from", "torch-reference", str(tmp_path / "m.pt"),
                       str(tmp_path / "out")]) == 2
     assert "--config" in capsys.readouterr().err
-
-
-def test_jax_orbax_calls_restore_model(tmp_path, monkeypatch):
-    """The CLI branch only; a round trip through train.py's real checkpoints belongs
-    with jax_transformer.checkpointing."""
-    model = FlaxTransformer(small_config(), rngs=nnx.Rngs(0))
-    calls = []
-
-    def restore_model(checkpoint_dir, step=None):
-        calls.append((checkpoint_dir, step))
-        return model
-
-    monkeypatch.setitem(sys.modules, "jax_transformer.checkpointing",
-                        types.SimpleNamespace(restore_model=restore_model))
-    assert port.main(["--from", "jax-orbax", str(tmp_path / "ckpts"), str(tmp_path / "ours"),
-                      "--step", "7"]) == 0
-    assert calls == [(str(tmp_path / "ckpts"), 7)]
-    config, tensors = interchange.load_dir(tmp_path / "ours")
-    assert config == model.config
-    np.testing.assert_array_equal(tensors["encoder.layers.0.ffn.W_1.weight"],
-                                  np.asarray(model.encoder.layers[0].ffn.W_1.kernel[...]).T)

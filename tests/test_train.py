@@ -20,7 +20,7 @@ import torch
 from flax import nnx
 
 import train
-from jax_transformer import checkpointing, evaluation
+from jax_transformer import checkpointing, evaluation, interchange, port
 from jax_transformer.batching import BucketedBatches
 from jax_transformer.decoding import greedy_search as jax_greedy
 from jax_transformer.model import Transformer as FlaxTransformer
@@ -196,3 +196,19 @@ def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
     outputs = [evaluation.translate(search, tokenizer, sources, config.pad_id, config.eos_id,
                                     batch_size=8) for search in (flax_search, torch_search)]
     assert outputs[0] == outputs[1]
+
+
+def test_port_from_a_training_checkpoint(reference_run, tmp_path):
+    """--from jax-orbax converts train.py's latest orbax checkpoint into the same
+    directory as the run's own export (bit for bit), tokenizer included."""
+    workdir, _ = reference_run
+    assert port.main(["--from", "jax-orbax", str(workdir / "checkpoints"),
+                      str(tmp_path / "ported")]) == 0
+    config, tensors = interchange.load_dir(tmp_path / "ported")
+    export_config, export_tensors = interchange.load_dir(workdir / "export")
+    assert config == export_config and sorted(tensors) == sorted(export_tensors)
+    for key in tensors:
+        np.testing.assert_array_equal(tensors[key], export_tensors[key], err_msg=key)
+    assert (tmp_path / "ported" / "tokenizer.model").read_bytes() == (
+        workdir / "tokenizer.model").read_bytes()
+    assert port.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2
