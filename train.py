@@ -64,11 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("model (the paper's base: --d-model 512 --heads 8 --d-ff 2048 "
                              "--layers 6)")
-    g.add_argument("--d-model", type=int, default=256,
+    g.add_argument("--d-model", type=int, default=128,
                    help="model width: embeddings and every sublayer output (default: %(default)s)")
     g.add_argument("--heads", type=int, default=4,
                    help="attention heads; must divide --d-model (default: %(default)s)")
-    g.add_argument("--d-ff", type=int, default=1024,
+    g.add_argument("--d-ff", type=int, default=512,
                    help="inner width of the position-wise feed-forward layers (default: %(default)s)")
     g.add_argument("--layers", type=int, default=3,
                    help="encoder and decoder layers each (default: %(default)s)")
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pre-LayerNorm with final norms instead of the paper's post-LN")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=2000,
+    g.add_argument("--steps", type=int, default=1200,
                    help="optimizer updates in total (default: %(default)s)")
     g.add_argument("--warmup", type=int, default=400,
                    help="warm-up steps of the paper's schedule (default: %(default)s)")
@@ -97,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "initialisation and dropout (default: %(default)s)")
 
     g = p.add_argument_group("checkpoints, evaluation, output")
-    g.add_argument("--checkpoint-every", type=int, default=250,
+    g.add_argument("--checkpoint-every", type=int, default=200,
                    help="steps between orbax checkpoints (default: %(default)s)")
     g.add_argument("--keep", type=int, default=3,
                    help="checkpoints kept (default: %(default)s)")
-    g.add_argument("--eval-every", type=int, default=500,
+    g.add_argument("--eval-every", type=int, default=200,
                    help="steps between held-out loss evaluations (default: %(default)s)")
     g.add_argument("--beam", type=int, default=1,
                    help="beam size for the final test translation; 1 = greedy (default: %(default)s)")
@@ -143,6 +143,7 @@ def main(argv=None) -> None:
                       "test_loss": round(test["loss"], 4),
                       "test_perplexity": round(test["perplexity"], 3),
                       "test_exact_match": test["exact_match"], "test_bleu": round(test["bleu"], 2),
+                      "test_chrf": round(test["chrf"], 2),
                       "workdir": args.workdir}, indent=2), file=sys.stdout)
 
 

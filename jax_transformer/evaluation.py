@@ -65,8 +65,14 @@ def translate(search: Callable, tokenizer: Tokenizer, sentences: Sequence[str], 
 
 
 def translation_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-    """Exact match (whitespace-normalised) and corpus sacreBLEU."""
+    """Exact match (whitespace-normalised), corpus sacreBLEU and chrF.
+
+    chrF (character n-grams) is the informative score when targets are single
+    words, as German number compounds are: BLEU needs word 4-grams and is 0 there.
+    """
     exact = [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hypotheses, references)]
+    hypotheses, references = list(hypotheses), [list(references)]
     return {"exact_match": float(np.mean(exact)) if exact else 0.0,
-            "bleu": sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score,
+            "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
             "sentences": len(exact)}

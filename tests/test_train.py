@@ -61,7 +61,7 @@ def test_run_writes_everything(reference_run):
         assert (workdir / name).is_file(), name
     assert [s for s, _ in losses(workdir)] == list(range(1, 13))
     results = json.loads((workdir / "eval.json").read_text())
-    for key in ("loss", "perplexity", "exact_match", "bleu"):
+    for key in ("loss", "perplexity", "exact_match", "bleu", "chrf"):
         assert math.isfinite(results["test"][key]), key
     assert results["test"]["sentences"] == 40 and len(results["samples"]) == 2
     assert summary["step"] == 12
