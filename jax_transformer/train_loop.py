@@ -20,11 +20,10 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from jax_transformer import corpora, evaluation, interchange, plots
+from jax_transformer import corpora, evaluation, interchange, plots, translate
 from jax_transformer.batching import BucketedBatches, encode_pairs, train_tokenizer
 from jax_transformer.checkpointing import Checkpointer
 from jax_transformer.config import TransformerConfig
-from jax_transformer.decoding import beam_search, greedy_search
 from jax_transformer.model import Transformer
 from jax_transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from jax_transformer.training import Trainer, make_optimizer, paper_schedule
@@ -247,13 +246,6 @@ def finish(args, workdir: Path, trainer: Trainer, state, tokenizer: Tokenizer, s
         model.save_pretrained(workdir / "export", tokenizer=tokenizer.path)
         log(f"exported {workdir / 'export'} (config.json, model.safetensors, tokenizer.model)")
 
-    if args.beam > 1:
-        def search(src, max_len):
-            return beam_search(model, src, max_len=max_len, beam_size=args.beam)[0][:, 0]
-    else:
-        def search(src, max_len):
-            return greedy_search(model, src, max_len=max_len)[0]
-
     results = {"step": int(state.step), "decoding": f"beam {args.beam}" if args.beam > 1
                else "greedy"}
     for split in ("dev", "test"):
@@ -261,8 +253,8 @@ def finish(args, workdir: Path, trainer: Trainer, state, tokenizer: Tokenizer, s
     sources = [s for s, _ in splits["test"]]
     references = [t for _, t in splits["test"]]
     started = time.time()
-    hypotheses = evaluation.translate(search, tokenizer, sources, config.pad_id, config.eos_id,
-                                      batch_size=args.decode_batch_size)
+    hypotheses = translate.translate_lines(sources, model, tokenizer, beam=args.beam,
+                                           batch_size=args.decode_batch_size)
     results["test"].update(evaluation.translation_metrics(hypotheses, references))
     results["test"]["decode_seconds"] = round(time.time() - started, 1)
     results["samples"] = [{"source": s, "reference": r, "translation": h}

@@ -85,8 +85,11 @@ def test_gradients_match(name, dtype, direction):
             assert diff <= 1e-4 * scale, f"{key}: relative diff {diff / scale:.3g}"
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
-@pytest.mark.parametrize("name", ["post_ln", "pre_ln_final_norm", "untied_bias"])
+# Which side initialises does not matter here (test_gradients_match covers both
+# directions), nor does the config to accumulation: 4 cases instead of 12 keeps CI fast.
+@pytest.mark.parametrize("name, accumulate, direction", [
+    ("post_ln", 1, "flax_to_torch"), ("post_ln", 2, "torch_to_flax"),
+    ("pre_ln_final_norm", 1, "torch_to_flax"), ("untied_bias", 1, "flax_to_torch")])
 def test_ten_optimizer_steps_match(name, accumulate, direction):
     config = CONFIGS[name].replace(dropout=0.0)
     steps, warmup, clip_norm = 10, 4, 0.25

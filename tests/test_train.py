@@ -14,20 +14,20 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
 import train
-from jax_transformer import checkpointing, evaluation, interchange, port
+from jax_transformer import checkpointing, interchange, port, translate
 from jax_transformer.batching import BucketedBatches
-from jax_transformer.decoding import greedy_search as jax_greedy
+from jax_transformer.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
 from jax_transformer.tokenizer import Tokenizer
-from jax_transformer.train_loop import run
+from jax_transformer.train_loop import check_run_settings, run
+from jax_transformer.training import Trainer, make_optimizer, paper_schedule
 from torch_reference import Transformer as TorchTransformer
-from torch_reference.decoding import greedy_search as torch_greedy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-number", "10000",
@@ -74,24 +74,30 @@ def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
     assert losses(tmp_path) == losses(reference)
 
 
-def test_resume_refuses_other_settings(reference_run, tmp_path):
-    run(tiny_args(tmp_path, "--steps", "4"))
+def test_resume_refuses_other_settings(tmp_path):
+    check_run_settings(tmp_path, tiny_args(tmp_path, "--steps", "4"), resuming=False)
+    # Length and visibility flags may change on resume...
+    check_run_settings(tmp_path, tiny_args(tmp_path, "--steps", "8", "--eval-every", "2"),
+                       resuming=True)
+    # ...anything that changes the model or the data order may not.
     with pytest.raises(SystemExit, match="--d-ff 64 -> 48"):
-        run(tiny_args(tmp_path, "--steps", "8", "--d-ff", "48"))
+        check_run_settings(tmp_path, tiny_args(tmp_path, "--d-ff", "48"), resuming=True)
 
 
 def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run, tmp_path):
     """A real process killed with SIGKILL mid-training resumes from its latest
     checkpoint and then reproduces the uninterrupted run's losses."""
     reference, _ = reference_run
-    command = [sys.executable, "train.py", "--workdir", str(tmp_path), *TINY, "--steps", "12",
+    # Started for 1000 steps so that it is surely mid-training when killed; resumed
+    # for 12 (the total may change on resume; the schedule does not depend on it).
+    command = [sys.executable, "train.py", "--workdir", str(tmp_path), *TINY, "--steps", "1000",
                "--checkpoint-every", "2"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and process.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 7:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
             break
         time.sleep(0.02)
     assert process.poll() is None, "the run ended before it could be killed"
@@ -99,8 +105,7 @@ def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run
     process.wait()
     killed_at = max(s for s, _ in losses(tmp_path))
     latest = checkpointing.Checkpointer(tmp_path).latest_step()
-    assert latest is not None and killed_at - 2 * 2 <= latest <= killed_at
-    assert killed_at < 12
+    assert latest is not None and killed_at - 2 * 2 <= latest <= killed_at < 12
     run(tiny_args(tmp_path, "--steps", "12", "--checkpoint-every", "2"))
     assert losses(tmp_path) == losses(reference)
 
@@ -148,18 +153,17 @@ def test_help_documents_every_flag():
 
 
 def test_an_epoch_compiles_once_per_batch_shape(reference_run):
-    """Length buckets bound the compilations: one per announced batch shape."""
+    """Length buckets bound the compilations of the real train step: one per
+    announced batch shape, none more in a second epoch."""
     workdir, _ = reference_run
-    from jax_transformer.corpora import number_corpus
-    from jax_transformer.batching import encode_pairs
-    from jax_transformer.training import Trainer, make_optimizer, paper_schedule
-    tokenizer = Tokenizer(workdir / "tokenizer.model")
-    pairs = number_corpus(num_train=600, num_dev=1, num_test=1, max_number=100_000)["train"]
-    src, tgt, _ = encode_pairs(tokenizer, pairs)
+    rng = np.random.default_rng(0)
+    lengths = [(3, 4), (6, 5), (10, 6), (12, 3)] * 20  # source buckets 8 and 16, target 8
+    src = [rng.integers(4, 100, n).astype(np.int32) for n, _ in lengths]
+    tgt = [rng.integers(4, 100, n).astype(np.int32) for _, n in lengths]
     batches = BucketedBatches(src, tgt, max_tokens=256, seed=0)
-    assert len(batches.shapes()) >= 2
-    model = FlaxTransformer.from_pretrained(workdir / "export")
-    trainer = Trainer(model, make_optimizer(paper_schedule(32, 4)))
+    assert len(batches.shapes()) == 2 and batches.num_batches > 4
+    trainer = Trainer(FlaxTransformer.from_pretrained(workdir / "export"),
+                      make_optimizer(paper_schedule(32, 4)))
     state = trainer.initial_state
     for epoch in range(2):
         for batch in batches.epoch(epoch):
@@ -167,11 +171,21 @@ def test_an_epoch_compiles_once_per_batch_shape(reference_run):
     assert trainer.train_step._cache_size() == len(batches.shapes())
 
 
-def test_bfloat16_compute_keeps_float32_parameters(tmp_path):
-    summary = run(tiny_args(tmp_path, "--steps", "3", "--dtype", "bfloat16"))
-    assert math.isfinite(summary["test"]["loss"])
-    model = FlaxTransformer.from_pretrained(tmp_path / "export")
-    assert model.encoder.layers[0].ffn.W_1.kernel[...].dtype == np.float32
+def test_bfloat16_computes_in_bf16_and_keeps_float32_state():
+    config = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, num_heads=2,
+                               d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    model = FlaxTransformer(config, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
+                            param_dtype=jnp.float32)
+    src = jnp.array([[5, 6, 7, 3]], jnp.int32)
+    tgt_in, tgt_out = jnp.array([[2, 8, 9]], jnp.int32), jnp.array([[8, 9, 3]], jnp.int32)
+    assert model(src, tgt_in).dtype == jnp.bfloat16
+    trainer = Trainer(model, make_optimizer(paper_schedule(16, 2)))
+    state, metrics = trainer.train_step(trainer.initial_state,
+                                        {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out})
+    assert metrics["loss"].dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))
+    leaves = jax.tree.leaves(state.params) + [
+        x for x in jax.tree.leaves(state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert leaves and all(x.dtype == jnp.float32 for x in leaves)
 
 
 def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
@@ -180,21 +194,13 @@ def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
     tokenizer = Tokenizer(export / "tokenizer.model")
     flax_model = FlaxTransformer.from_pretrained(export)
     torch_model = TorchTransformer.from_pretrained(export).eval()
-    config = flax_model.config
     samples = json.loads((workdir / "eval.json").read_text())["samples"]
     sources = [sample["source"] for sample in samples] + [
         "three hundred and forty-two", "nine thousand, nine hundred and ninety-nine", "seven"]
 
-    def torch_search(src, max_len):
-        with torch.no_grad():
-            return torch_greedy(torch_model, torch.from_numpy(src.astype(np.int64)),
-                                max_len=max_len)[0].numpy()
-
-    def flax_search(src, max_len):
-        return jax_greedy(flax_model, src, max_len=max_len)[0]
-
-    outputs = [evaluation.translate(search, tokenizer, sources, config.pad_id, config.eos_id,
-                                    batch_size=8) for search in (flax_search, torch_search)]
+    outputs = [translate.translate_lines(sources, model, tokenizer, framework=framework, beam=1,
+                                         batch_size=8)
+               for model, framework in ((flax_model, "jax"), (torch_model, "torch"))]
     assert outputs[0] == outputs[1]
 
 
