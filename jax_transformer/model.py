@@ -55,12 +55,28 @@ class MultiHeadAttention(nnx.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
-    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
-        return self.split_heads(self.W_k(key_value)), self.split_heads(self.W_v(key_value))
+    @staticmethod
+    def project(x, *linears):
+        """x through several of the stored Linear layers in one matmul:
+        x @ [W_a | W_b | ...] + [b_a | b_b | ...], split back into one output per
+        layer. Each output column is the same dot product as in W_a(x) etc.; one
+        wide matmul just runs faster (on CPU) than several narrow ones. The
+        parameters stay separate, so the checkpoint format does not change."""
+        if len(linears) == 1:
+            return [linears[0](x)]
+        kernel = jnp.concatenate([layer.kernel[...] for layer in linears], axis=1)  # (D, n*D)
+        bias = jnp.concatenate([layer.bias[...] for layer in linears])  # (n*D,)
+        x, kernel, bias = linears[0].promote_dtype((x, kernel, bias), dtype=linears[0].dtype)
+        return jnp.split(x @ kernel + bias, len(linears), axis=-1)  # n x (B, L, D)
 
-    def attend(self, query, k, v, mask=None):
-        """Attention of `query` (B, Tq, D) over projected keys/values (B, H, Tk, Dh)."""
-        q = self.split_heads(self.W_q(query))  # (B, H, Tq, Dh)
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
+        k, v = self.project(key_value, self.W_k, self.W_v)
+        return self.split_heads(k), self.split_heads(v)
+
+    def attend(self, query, k, v, mask=None, q=None):
+        """Attention of `query` (B, Tq, D) over projected keys/values (B, H, Tk, Dh)
+        (`q`: the query already projected by W_q, if the caller has it)."""
+        q = self.split_heads(self.W_q(query) if q is None else q)  # (B, H, Tq, Dh)
         scores = q @ k.swapaxes(-1, -2) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
         scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
         if mask is not None:
@@ -72,6 +88,9 @@ class MultiHeadAttention(nnx.Module):
         return self.W_o(out), weights
 
     def __call__(self, query, key_value, mask=None):
+        if query is key_value:  # self-attention: Q, K and V in one matmul
+            q, k, v = self.project(query, self.W_q, self.W_k, self.W_v)  # (B, T, D) each
+            return self.attend(query, self.split_heads(k), self.split_heads(v), mask, q=q)
         k, v = self.project_kv(key_value)  # (B, H, Tk, Dh)
         return self.attend(query, k, v, mask)
 
