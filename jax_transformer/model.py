@@ -55,25 +55,53 @@ class MultiHeadAttention(nnx.Module):
         B, L, _ = x.shape
         return x.reshape(B, L, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
-    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
-        return self.split_heads(self.W_k(key_value)), self.split_heads(self.W_v(key_value))
+    @staticmethod
+    def project(x, *linears):
+        """x through several of the stored Linear layers in one matmul:
+        x @ [W_a | W_b | ...] + [b_a | b_b | ...], split back into one output per
+        layer. Each output column is the same dot product as in W_a(x) etc.; one
+        wide matmul just runs faster (on CPU) than several narrow ones. The
+        parameters stay separate, so the checkpoint format does not change."""
+        if len(linears) == 1:
+            return [linears[0](x)]
+        kernel = jnp.concatenate([layer.kernel[...] for layer in linears], axis=1)  # (D, n*D)
+        bias = jnp.concatenate([layer.bias[...] for layer in linears])  # (n*D,)
+        x, kernel, bias = linears[0].promote_dtype((x, kernel, bias), dtype=linears[0].dtype)
+        return jnp.split(x @ kernel + bias, len(linears), axis=-1)  # n x (B, L, D)
 
-    def attend(self, query, k, v, mask=None):
-        """Attention of `query` (B, Tq, D) over projected keys/values (B, H, Tk, Dh)."""
-        q = self.split_heads(self.W_q(query))  # (B, H, Tq, Dh)
-        scores = q @ k.swapaxes(-1, -2) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
-        scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
+        k, v = self.project(key_value, self.W_k, self.W_v)
+        return self.split_heads(k), self.split_heads(v)
+
+    def attend(self, query, k, v, mask=None, q=None, kv_layout: str = "bhkd"):
+        """Attention of `query` (B, Tq, D) over projected keys/values, laid out
+        (B, H, Tk, Dh) ("bhkd", the decoding cache) or (B, Tk, H, Dh) ("bkhd").
+        `q`: the query already projected by W_q, if the caller has it.
+
+        The heads stay in the einsums instead of being transposed out of D: the
+        same products, without a copy of q and of the output per layer (~12%
+        of a training step on CPU)."""
+        B, Tq, _ = query.shape
+        q = (self.W_q(query) if q is None else q).reshape(B, Tq, self.num_heads,
+                                                           self.head_dim)  # (B, Tq, H, Dh)
+        scores = jnp.einsum(f"bqhd,{kv_layout}->bhqk", q, k) / math.sqrt(self.head_dim)
+        scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))  # (B, H, Tq, Tk)
         if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
         weights = jax.nn.softmax(scores, axis=-1)  # (B, H, Tq, Tk)
-        out = self.dropout(weights).astype(v.dtype) @ v  # (B, H, Tq, Dh)
-        B, H, Tq, Dh = out.shape
-        out = out.transpose(0, 2, 1, 3).reshape(B, Tq, H * Dh)  # (B, Tq, D)
-        return self.W_o(out), weights
+        out = jnp.einsum(f"bhqk,{kv_layout}->bqhd", self.dropout(weights).astype(v.dtype),
+                         v)  # (B, Tq, H, Dh)
+        return self.W_o(out.reshape(B, Tq, -1)), weights  # (B, Tq, D)
 
     def __call__(self, query, key_value, mask=None):
-        k, v = self.project_kv(key_value)  # (B, H, Tk, Dh)
-        return self.attend(query, k, v, mask)
+        B, Tk, _ = key_value.shape
+        if query is key_value:  # self-attention: Q, K and V in one matmul
+            q, k, v = self.project(query, self.W_q, self.W_k, self.W_v)  # (B, T, D) each
+        else:
+            q = None
+            k, v = self.project(key_value, self.W_k, self.W_v)  # (B, Tk, D) each
+        k, v = (x.reshape(B, Tk, self.num_heads, self.head_dim) for x in (k, v))  # (B, Tk, H, Dh)
+        return self.attend(query, k, v, mask, q=q, kv_layout="bkhd")
 
 
 class FeedForward(nnx.Module):
