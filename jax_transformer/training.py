@@ -165,7 +165,7 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss_sum / num_tokens, "tokens": num_tokens,
-                   "grad_norm": optax.global_norm(grads)}
+                   "grad_norm": optax.tree.norm(grads)}
         return TrainState(state.step + 1, params, rngs, opt_state), metrics
 
     def _train_step(self, state: TrainState, batch):
