@@ -42,6 +42,7 @@ before the model is built.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -110,14 +111,16 @@ def make_batches(args, config, count: int):
 
 
 class JaxRunner:
-    name = "jax"
+    """`autodiff_weight_grads`: the baseline for jax_transformer.matmul, with the
+    Linear layers' backward left to JAX autodiff and XLA's default layout (the
+    row "jax_autodiff_grads"; measures what the custom weight-gradient layout buys)."""
 
-    def __init__(self, args, config, state_dict):
+    def __init__(self, args, config, state_dict, autodiff_weight_grads: bool = False):
         import jax
         import jax.numpy as jnp
         from flax import nnx
 
-        from jax_transformer import training
+        from jax_transformer import matmul, training
         from jax_transformer.model import Transformer
         from jax_transformer.weights import load_torch_state_dict
 
@@ -130,6 +133,10 @@ class JaxRunner:
             training.paper_schedule(config.d_model, args.warmup_steps), args.clip_norm)
         self.trainer = training.Trainer(model, optimizer, args.label_smoothing)
         self.state = self.trainer.initial_state
+        self.name = "jax_autodiff_grads" if autodiff_weight_grads else "jax"
+        # jit traces on the first step, so patching during steps is patching the trace.
+        self.trace_context = (lambda: _patched(matmul, "matmul", jnp.matmul)) \
+            if autodiff_weight_grads else contextlib.nullcontext
 
     def prepare(self, batch):
         return self.trainer.shard_batch(batch)
@@ -140,10 +147,21 @@ class JaxRunner:
             else None
 
     def step(self, batch) -> float:
-        start = time.perf_counter()
-        self.state, metrics = self.trainer.train_step(self.state, batch)
-        loss = float(metrics["loss"])  # waits for the step
-        return time.perf_counter() - start, loss
+        with self.trace_context():
+            start = time.perf_counter()
+            self.state, metrics = self.trainer.train_step(self.state, batch)
+            loss = float(metrics["loss"])  # waits for the step
+            return time.perf_counter() - start, loss
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 class TorchRunner:
@@ -187,8 +205,8 @@ class TorchRunner:
 
 
 def make_runner(name, args, config, state_dict):
-    if name == "jax":
-        return JaxRunner(args, config, state_dict)
+    if name in ("jax", "jax_autodiff_grads"):
+        return JaxRunner(args, config, state_dict, name == "jax_autodiff_grads")
     return TorchRunner(args, config, state_dict, compiled=(name == "torch_compile"))
 
 
@@ -250,6 +268,9 @@ def run_memory_probe(args, framework: str) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
+FRAMEWORKS = ["jax", "jax_autodiff_grads", "torch_eager", "torch_compile"]
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--d-model", type=int, default=512)
@@ -268,7 +289,9 @@ def parse_args(argv=None):
                    help="compute dtype (parameters and optimizer stay float32); torch "
                         "uses autocast")
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch_eager", "torch_compile"],
-                   choices=["jax", "torch_eager", "torch_compile"])
+                   choices=FRAMEWORKS,
+                   help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
+                        "baseline for jax_transformer.matmul)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
     p.add_argument("--pause", type=float, default=0.2,
@@ -283,7 +306,7 @@ def parse_args(argv=None):
                    help="a spec-sheet peak (e.g. 989 for an H100 SXM's dense bf16) for a "
                         "second MFU figure; the measured matmul peak is always used")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--memory-probe", choices=["jax", "torch_eager", "torch_compile"],
+    p.add_argument("--memory-probe", choices=FRAMEWORKS,
                    help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "train.json"))
     return p.parse_args(argv)

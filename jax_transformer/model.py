@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_transformer import matmul
 from jax_transformer.config import TransformerConfig
 from jax_transformer.masks import causal_mask, padding_mask
 
@@ -45,7 +46,8 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         d = config.d_model
         linear = functools.partial(nnx.Linear, d, d, kernel_init=xavier, rngs=rngs,
-                                   dtype=dtype, param_dtype=param_dtype)
+                                   dot_general=matmul.dot_general, dtype=dtype,
+                                   param_dtype=param_dtype)
         self.W_q, self.W_k, self.W_v, self.W_o = linear(), linear(), linear(), linear()
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.num_heads = config.num_heads
@@ -67,7 +69,7 @@ class MultiHeadAttention(nnx.Module):
         kernel = jnp.concatenate([layer.kernel[...] for layer in linears], axis=1)  # (D, n*D)
         bias = jnp.concatenate([layer.bias[...] for layer in linears])  # (n*D,)
         x, kernel, bias = linears[0].promote_dtype((x, kernel, bias), dtype=linears[0].dtype)
-        return jnp.split(x @ kernel + bias, len(linears), axis=-1)  # n x (B, L, D)
+        return jnp.split(matmul.matmul(x, kernel) + bias, len(linears), axis=-1)  # n x (B, L, D)
 
     def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
         k, v = self.project(key_value, self.W_k, self.W_v)
@@ -109,7 +111,8 @@ class FeedForward(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         linear = functools.partial(nnx.Linear, kernel_init=xavier, rngs=rngs,
-                                   dtype=dtype, param_dtype=param_dtype)
+                                   dot_general=matmul.dot_general, dtype=dtype,
+                                   param_dtype=param_dtype)
         self.W_1 = linear(config.d_model, config.d_ff)
         self.W_2 = linear(config.d_ff, config.d_model)
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
@@ -282,6 +285,7 @@ class Transformer(nnx.Module):
         if not config.tie_output:
             self.output_projection = nnx.Linear(config.d_model, config.tgt_vocab_size,
                                                 use_bias=config.output_bias,
+                                                dot_general=matmul.dot_general,
                                                 kernel_init=xavier, **kw)
         elif config.output_bias:
             self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,), param_dtype))
