@@ -4,6 +4,9 @@
     python benchmarks/bench_train.py --dtype bfloat16      # bf16 compute (f32 parameters)
     python benchmarks/bench_train.py --steps 3 --warmup 1 --d-model 64 --d-ff 128 --layers 2 \
         --out /tmp/quick.json                              # a quick smoke run
+    python benchmarks/bench_train.py --frameworks jax jax_autodiff_grads torch_eager
+                                      # also JAX with autodiff's own Linear backward, the
+                                      # baseline for jax_transformer/matmul.py
 
 One training step = forward, label-smoothed loss, backward, Adam update (the
 paper's optimizer and schedule, dropout 0.1, as in training). Both frameworks
