@@ -17,6 +17,7 @@ from flax import nnx
 
 from jax_transformer import matmul
 from jax_transformer.config import TransformerConfig
+from jax_transformer.dropout import Dropout, relu_dropout
 from jax_transformer.masks import causal_mask, padding_mask
 
 xavier = nnx.initializers.xavier_uniform()
@@ -115,13 +116,22 @@ class FeedForward(nnx.Module):
                                    param_dtype=param_dtype)
         self.W_1 = linear(config.d_model, config.d_ff)
         self.W_2 = linear(config.d_ff, config.d_model)
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.dropout = Dropout(config.dropout, rngs=rngs)
         self.activation = {"relu": jax.nn.relu, "silu": jax.nn.silu,
                            "gelu": functools.partial(jax.nn.gelu, approximate=False),
                            }[config.activation]
 
-    def __call__(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
-        return self.W_2(self.dropout(self.activation(self.W_1(x))))
+    def __call__(self, x):  # (B, L, D) -> (B, L, D)
+        # As rows (B*L, D): the dropout output then feeds W_2's matmul as it is, and
+        # XLA keeps it for W_2's weight gradient rather than recomputing dropout
+        # inside that gradient's transpose (jax_transformer/matmul.py).
+        h = self.W_1(x.reshape(-1, x.shape[-1]))  # (B*L, F)
+        keep = self.dropout.keep_mask(h) if self.activation is jax.nn.relu else None
+        if keep is not None:  # the same values and gradients, a cheaper backward
+            h = relu_dropout(h, keep, self.dropout.rate)
+        else:
+            h = self.dropout(self.activation(h))
+        return self.W_2(h).reshape(x.shape)
 
 
 def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
