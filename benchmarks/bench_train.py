@@ -116,7 +116,7 @@ def make_batches(args, config, count: int):
 class JaxRunner:
     """`autodiff_weight_grads`: the baseline for jax_transformer.matmul, with the
     Linear layers' backward left to JAX autodiff and XLA's default layout (the
-    row "jax_autodiff_grads"; measures what the custom weight-gradient layout buys)."""
+    row "jax_autodiff_grads"; measures what the custom Linear backward buys)."""
 
     def __init__(self, args, config, state_dict, autodiff_weight_grads: bool = False):
         import jax
@@ -138,7 +138,7 @@ class JaxRunner:
         self.state = self.trainer.initial_state
         self.name = "jax_autodiff_grads" if autodiff_weight_grads else "jax"
         # jit traces on the first step, so patching during steps is patching the trace.
-        self.trace_context = (lambda: _patched(matmul, "matmul", jnp.matmul)) \
+        self.trace_context = (lambda: _patched(matmul, "linear", matmul.affine)) \
             if autodiff_weight_grads else contextlib.nullcontext
 
     def prepare(self, batch):

@@ -1,29 +1,42 @@
-"""x @ kernel for the Linear layers, with a backward pass laid out for fast CPU kernels.
+"""The Linear layers' x @ W + b, with a backward pass laid out for fast CPU kernels.
 
-The maths is the ordinary matmul and its ordinary gradients:
-    y = x @ W,   dx = dy @ W^T,   dW = x^T @ dy   (rows of x flattened).
-What changes is how dW is laid out on CPU. Left to itself, XLA folds x^T into
-the dot's dimension numbers; XLA:CPU's fast matmul library (YNNPACK) does not
-take a left operand contracted along its first axis, so every weight gradient
-falls back to a slower Eigen kernel (about half the speed inside a training
-step). Here x^T is materialised first (a copy of the activations, small next
-to the matmul) behind an optimization barrier, so XLA cannot fold it back. On
-other platforms the plain transposed dot is used: their matmul libraries take
-transposed operands directly.
+The maths is the ordinary affine map and its ordinary gradients:
+    y = x @ W + b,   dx = dy @ W^T,   dW = x^T @ dy,   db = sum of dy's rows
+(rows of x and dy flattened). What changes is how they are laid out:
+- dW on CPU. Left to itself, XLA folds x^T into the dot's dimension numbers;
+  XLA:CPU's fast matmul library (YNNPACK) does not take a left operand
+  contracted along its first axis, so every weight gradient falls back to a
+  slower Eigen kernel (about half the speed inside a training step). Here x^T
+  is materialised first (a copy of the activations, small next to the matmul)
+  behind an optimization barrier, so XLA cannot fold it back. On other
+  platforms the plain transposed dot is used: their matmul libraries take
+  transposed operands directly.
+- db is computed as ones @ dy, a matrix-vector product (as Caffe did), not as a
+  reduction. All three gradients are then dots reading one (rows, N) dy, and XLA
+  computes dy once (with whatever element-wise work produced it, e.g. a
+  dropout mask), instead of once for the dots and again inside db's reduction.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+from flax import nnx
 
 
 @jax.custom_vjp
-def matmul(x, kernel):  # (..., K) @ (K, N) -> (..., N)
-    return x @ kernel
+def linear(x, kernel, bias):  # (..., K) @ (K, N) + (N,) -> (..., N); bias may be None
+    return affine(x, kernel, bias)
 
 
-def _matmul_fwd(x, kernel):
-    return x @ kernel, (x, kernel)
+def affine(x, kernel, bias):
+    """The same map, differentiated by autodiff (the benchmark's baseline)."""
+    y = x @ kernel
+    return y if bias is None else y + bias
+
+
+def _linear_fwd(x, kernel, bias):
+    return affine(x, kernel, bias), (x, kernel, bias)
 
 
 def _kernel_grad_cpu(x, dy):  # (M, K), (M, N) -> (K, N)
@@ -34,28 +47,31 @@ def _kernel_grad(x, dy):  # (M, K), (M, N) -> (K, N)
     return x.T @ dy
 
 
-def _matmul_bwd(residuals, dy):
-    x, kernel = residuals
-    dx = (dy @ kernel.T).astype(x.dtype)  # (..., N) @ (N, K) -> (..., K)
+def _bias_grad(dy):  # (M, N) -> (N,)
+    # ones (1, M) @ dy, a matrix-vector product rather than a reduction: XLA then
+    # reads the one materialised dy, as the two other gradients' dots do.
+    return (jnp.ones((1, dy.shape[0]), dy.dtype) @ dy)[0]
+
+
+def _linear_bwd(residuals, dy):
+    x, kernel, bias = residuals
     x_rows = x.reshape(-1, x.shape[-1])  # (M, K)
     dy_rows = dy.reshape(-1, dy.shape[-1])  # (M, N)
+    dx = (dy_rows @ kernel.T).reshape(x.shape).astype(x.dtype)  # (M, N) @ (N, K)
     d_kernel = jax.lax.platform_dependent(x_rows, dy_rows, cpu=_kernel_grad_cpu,
                                           default=_kernel_grad)
-    return dx, d_kernel.astype(kernel.dtype)
+    d_bias = None if bias is None else _bias_grad(dy_rows).astype(bias.dtype)
+    return dx, d_kernel.astype(kernel.dtype), d_bias
 
 
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
+linear.defvjp(_linear_fwd, _linear_bwd)
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                out_sharding=None):
-    """A drop-in `dot_general` for nnx.Linear (which contracts the last axis of its
-    input with the first of its kernel) that routes that case through `matmul`."""
-    (lhs_contract, rhs_contract), batch = dimension_numbers
-    if (tuple(lhs_contract) == (lhs.ndim - 1,) and tuple(rhs_contract) == (0,)
-            and batch == ((), ()) and rhs.ndim == 2 and precision is None
-            and preferred_element_type is None and out_sharding is None):
-        return matmul(lhs, rhs)
-    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                               preferred_element_type=preferred_element_type,
-                               out_sharding=out_sharding)
+class Linear(nnx.Linear):
+    """nnx.Linear (same parameters, same dtype promotion) computed by `linear`."""
+
+    def __call__(self, inputs):
+        kernel = self.kernel[...]
+        bias = self.bias[...] if self.bias is not None else None
+        inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
+        return linear(inputs, kernel, bias)

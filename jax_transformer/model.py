@@ -46,9 +46,8 @@ class MultiHeadAttention(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         d = config.d_model
-        linear = functools.partial(nnx.Linear, d, d, kernel_init=xavier, rngs=rngs,
-                                   dot_general=matmul.dot_general, dtype=dtype,
-                                   param_dtype=param_dtype)
+        linear = functools.partial(matmul.Linear, d, d, kernel_init=xavier, rngs=rngs,
+                                   dtype=dtype, param_dtype=param_dtype)
         self.W_q, self.W_k, self.W_v, self.W_o = linear(), linear(), linear(), linear()
         self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
         self.num_heads = config.num_heads
@@ -70,7 +69,7 @@ class MultiHeadAttention(nnx.Module):
         kernel = jnp.concatenate([layer.kernel[...] for layer in linears], axis=1)  # (D, n*D)
         bias = jnp.concatenate([layer.bias[...] for layer in linears])  # (n*D,)
         x, kernel, bias = linears[0].promote_dtype((x, kernel, bias), dtype=linears[0].dtype)
-        return jnp.split(matmul.matmul(x, kernel) + bias, len(linears), axis=-1)  # n x (B, L, D)
+        return jnp.split(matmul.linear(x, kernel, bias), len(linears), axis=-1)  # n x (B, L, D)
 
     def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
         k, v = self.project(key_value, self.W_k, self.W_v)
@@ -111,9 +110,8 @@ class FeedForward(nnx.Module):
     """FFN(x) = W_2 dropout(act(W_1 x))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        linear = functools.partial(nnx.Linear, kernel_init=xavier, rngs=rngs,
-                                   dot_general=matmul.dot_general, dtype=dtype,
-                                   param_dtype=param_dtype)
+        linear = functools.partial(matmul.Linear, kernel_init=xavier, rngs=rngs,
+                                   dtype=dtype, param_dtype=param_dtype)
         self.W_1 = linear(config.d_model, config.d_ff)
         self.W_2 = linear(config.d_ff, config.d_model)
         self.dropout = Dropout(config.dropout, rngs=rngs)
@@ -293,10 +291,9 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(config, **kw)
         self.decoder = Decoder(config, **kw)
         if not config.tie_output:
-            self.output_projection = nnx.Linear(config.d_model, config.tgt_vocab_size,
-                                                use_bias=config.output_bias,
-                                                dot_general=matmul.dot_general,
-                                                kernel_init=xavier, **kw)
+            self.output_projection = matmul.Linear(config.d_model, config.tgt_vocab_size,
+                                                   use_bias=config.output_bias,
+                                                   kernel_init=xavier, **kw)
         elif config.output_bias:
             self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,), param_dtype))
 
