@@ -18,6 +18,7 @@ from flax import nnx
 from jax_transformer import matmul
 from jax_transformer.config import TransformerConfig
 from jax_transformer.dropout import Dropout, relu_dropout
+from jax_transformer.layer_norm import LayerNorm
 from jax_transformer.masks import causal_mask, padding_mask
 
 xavier = nnx.initializers.xavier_uniform()
@@ -133,8 +134,8 @@ class FeedForward(nnx.Module):
 
 
 def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
-    return nnx.LayerNorm(config.d_model, epsilon=config.layer_norm_eps, use_fast_variance=False,
-                         rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+    return LayerNorm(config.d_model, epsilon=config.layer_norm_eps, use_fast_variance=False,
+                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
 class Residual(nnx.Module):
