@@ -12,9 +12,10 @@ One training step = forward, label-smoothed loss, backward, Adam update (the
 paper's optimizer and schedule, dropout 0.1, as in training). Both frameworks
 start from the same weights and see the same batches (random token ids, every
 sentence full length, so every target token counts in the loss). The first
-step of each framework is timed on its own (for JAX it includes compilation);
-`--warmup` more steps are discarded; then the frameworks alternate, one step
-each, for `--steps` rounds, and the median step time is reported. The
+step of each framework is timed on its own (for JAX it includes compilation).
+Then the frameworks alternate, one step each: `--warmup` rounds discarded (they
+also let work a compiler left running finish), then `--steps` timed rounds,
+and the median step time is reported. The
 machine's matmul peak is measured in the same run, also alternating: an
 N x N x N matmul (N = --matmul-size) in JAX, in the benchmark's dtype.
 
@@ -296,7 +297,8 @@ def parse_args(argv=None):
                    help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
                         "baseline for jax_transformer.matmul)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed rounds (one step per framework) after the first steps")
     p.add_argument("--pause", type=float, default=0.2,
                    help="seconds of idle before each timed step (OpenMP/Eigen threads spin "
                         "for a while after work; this keeps one framework's spinning out of "
@@ -343,14 +345,18 @@ def main(argv=None):
             runner = make_runner(name, args, config, state_dict)
             batches = [runner.prepare(b) for b in host_batches]
             first[name] = runner.step(batches[0])[0]
-            for i in range(args.warmup):
-                runner.step(batches[(i + 1) % len(batches)])
             runners[name] = (runner, batches)
         except Exception as e:  # e.g. torch.compile without a working compiler
             errors[name] = f"{type(e).__name__}: {e}"[:500]
             print(f"{name}: failed: {errors[name]}", file=sys.stderr, flush=True)
         print(f"{name}: first step {first.get(name, float('nan')):.2f}s", file=sys.stderr,
               flush=True)
+    # Warm-up rounds alternate like the timed ones and come after every first step,
+    # so that work a compiler leaves running (torch.compile's worker processes) is
+    # over before timing starts.
+    for i in range(args.warmup):
+        for name, (runner, batches) in runners.items():
+            runner.step(batches[(i + 1) % len(batches)])
 
     times = {name: [] for name in runners}
     losses = {name: [] for name in runners}
