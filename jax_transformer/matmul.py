@@ -68,7 +68,9 @@ linear.defvjp(_linear_fwd, _linear_bwd)
 
 
 class Linear(nnx.Linear):
-    """nnx.Linear (same parameters, same dtype promotion) computed by `linear`."""
+    """nnx.Linear (same parameters, same dtype promotion) computed by `linear`, for
+    the settings the model uses: its `precision`, `preferred_element_type` and
+    `dot_general` are not read."""
 
     def __call__(self, inputs):
         kernel = self.kernel[...]
