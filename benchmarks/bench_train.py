@@ -15,9 +15,9 @@ sentence full length, so every target token counts in the loss). The first
 step of each framework is timed on its own (for JAX it includes compilation).
 Then the frameworks alternate, one step each: `--warmup` rounds discarded (they
 also let work a compiler left running finish), then `--steps` timed rounds,
-and the median step time is reported. The
-machine's matmul peak is measured in the same run, also alternating: an
-N x N x N matmul (N = --matmul-size) in JAX, in the benchmark's dtype.
+and the median step time is reported. The machine's matmul peak is measured in
+the same run, also alternating: an N x N x N matmul (N = --matmul-size) in JAX,
+in the benchmark's dtype.
 
 Model FLOPs per step (matmuls only, 2*m*n*k; the PaLM paper's appendix B /
 nanoGPT's estimate_mfu way; attention counted over the full S x S / T x T
