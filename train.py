@@ -20,27 +20,29 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from jax_transformer.train.settings import DataSettings, ModelSettings, TrainSettings
+    DATA, MODEL, TRAIN = DataSettings(), ModelSettings(), TrainSettings()  # the defaults
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default="runs/numbers",
+    p.add_argument("--workdir", default=TRAIN.workdir,
                    help="where checkpoints, metrics.jsonl, eval.json, figures and the exported "
                         "model go; an existing run there is resumed (default: %(default)s)")
 
     g = p.add_argument_group("data (default: the built-in number-words corpus)")
-    g.add_argument("--src-lang", default="en", help="number corpus source language, a num2words "
+    g.add_argument("--src-lang", default=DATA.src_lang, help="number corpus source language, a num2words "
                    "code (default: %(default)s)")
-    g.add_argument("--tgt-lang", default="de", help="number corpus target language (default: "
+    g.add_argument("--tgt-lang", default=DATA.tgt_lang, help="number corpus target language (default: "
                    "%(default)s)")
-    g.add_argument("--num-train", type=int, default=50_000,
+    g.add_argument("--num-train", type=int, default=DATA.num_train,
                    help="number corpus training pairs (default: %(default)s)")
-    g.add_argument("--max-number", type=int, default=1_000_000,
+    g.add_argument("--max-number", type=int, default=DATA.max_number,
                    help="number corpus draws numbers below this (default: %(default)s)")
     g.add_argument("--src-path", help="parallel text: source file, one sentence per line")
     g.add_argument("--tgt-path", help="parallel text: target file, line-aligned with --src-path")
     g.add_argument("--columns-path", help="a TSV (.tsv) or CSV file with a header row")
-    g.add_argument("--src-column", default="source",
+    g.add_argument("--src-column", default=DATA.src_column,
                    help="source column of --columns-path (default: %(default)s)")
-    g.add_argument("--tgt-column", default="target",
+    g.add_argument("--tgt-column", default=DATA.tgt_column,
                    help="target column of --columns-path (default: %(default)s)")
     g.add_argument("--dev-src-path", help="parallel text: dev set source (default: hold out "
                    "--num-dev training pairs)")
@@ -48,66 +50,67 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--test-src-path", help="parallel text: test set source (default: hold out "
                    "--num-test training pairs)")
     g.add_argument("--test-tgt-path", help="parallel text: test set target")
-    g.add_argument("--num-dev", type=int, default=1000,
+    g.add_argument("--num-dev", type=int, default=DATA.num_dev,
                    help="held-out pairs for the dev set (default: %(default)s)")
-    g.add_argument("--num-test", type=int, default=1000,
+    g.add_argument("--num-test", type=int, default=DATA.num_test,
                    help="held-out pairs for the test set (default: %(default)s)")
-    g.add_argument("--tokenizer-type", choices=("unigram", "bpe"), default="unigram",
+    g.add_argument("--tokenizer-type", choices=("unigram", "bpe"), default=DATA.tokenizer_type,
                    help="SentencePiece model type; the paper used byte-pair encoding "
                         "(default: %(default)s)")
-    g.add_argument("--vocab-size", type=int, default=8000, help="shared SentencePiece "
+    g.add_argument("--vocab-size", type=int, default=DATA.vocab_size, help="shared SentencePiece "
                    "vocabulary size; smaller if the text has fewer pieces (default: %(default)s)")
-    g.add_argument("--max-len", type=int, default=256, help="longest sentence in tokens; longer "
+    g.add_argument("--max-len", type=int, default=DATA.max_len, help="longest sentence in tokens; longer "
                    "pairs are skipped and counted (default: %(default)s)")
-    g.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch, padding "
-                   "included, like fairseq's --max-tokens (default: %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=DATA.max_tokens, help="token budget per micro-batch "
+                   "(--accumulate of them make one update), padding included, like fairseq's "
+                   "--max-tokens (default: %(default)s)")
 
     g = p.add_argument_group("model (the paper's base: --d-model 512 --heads 8 --d-ff 2048 "
                              "--layers 6)")
-    g.add_argument("--d-model", type=int, default=128,
+    g.add_argument("--d-model", type=int, default=MODEL.d_model,
                    help="model width: embeddings and every sublayer output (default: %(default)s)")
-    g.add_argument("--heads", type=int, default=4,
+    g.add_argument("--heads", type=int, default=MODEL.heads,
                    help="attention heads; must divide --d-model (default: %(default)s)")
-    g.add_argument("--d-ff", type=int, default=512,
+    g.add_argument("--d-ff", type=int, default=MODEL.d_ff,
                    help="inner width of the position-wise feed-forward layers (default: %(default)s)")
-    g.add_argument("--layers", type=int, default=3,
+    g.add_argument("--layers", type=int, default=MODEL.layers,
                    help="encoder and decoder layers each (default: %(default)s)")
-    g.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings, attention "
+    g.add_argument("--dropout", type=float, default=MODEL.dropout, help="dropout on embeddings, attention "
                    "probabilities, the FFN and each sublayer output (default: %(default)s)")
     g.add_argument("--pre-norm", action="store_true",
                    help="pre-LayerNorm with final norms instead of the paper's post-LN")
 
     g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=1200,
+    g.add_argument("--steps", type=int, default=TRAIN.steps,
                    help="optimizer updates in total (default: %(default)s)")
-    g.add_argument("--warmup", type=int, default=400,
+    g.add_argument("--warmup", type=int, default=TRAIN.warmup,
                    help="warm-up steps of the paper's schedule (default: %(default)s)")
-    g.add_argument("--lr-scale", type=float, default=1.0, help="multiplies the schedule "
+    g.add_argument("--lr-scale", type=float, default=TRAIN.lr_scale, help="multiplies the schedule "
                    "d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (default: %(default)s)")
-    g.add_argument("--label-smoothing", type=float, default=0.1,
+    g.add_argument("--label-smoothing", type=float, default=TRAIN.label_smoothing,
                    help="mass spread over the vocabulary; padding is ignored (default: %(default)s)")
-    g.add_argument("--clip-norm", type=float, default=0.0,
+    g.add_argument("--clip-norm", type=float, default=TRAIN.clip_norm,
                    help="clip gradients to this global norm; 0 = off (default: %(default)s)")
-    g.add_argument("--accumulate", type=int, default=1, help="micro-batches per update, "
+    g.add_argument("--accumulate", type=int, default=TRAIN.accumulate, help="micro-batches per update, "
                    "gradients summed exactly (default: %(default)s)")
-    g.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default=TRAIN.dtype,
                    help="compute dtype; parameters and optimizer state stay float32 "
                         "(default: %(default)s)")
-    g.add_argument("--seed", type=int, default=0, help="seeds the corpus split, data order, "
+    g.add_argument("--seed", type=int, default=TRAIN.seed, help="seeds the corpus split, data order, "
                    "initialisation and dropout (default: %(default)s)")
 
     g = p.add_argument_group("checkpoints, evaluation, output")
-    g.add_argument("--checkpoint-every", type=int, default=200,
+    g.add_argument("--checkpoint-every", type=int, default=TRAIN.checkpoint_every,
                    help="steps between orbax checkpoints (default: %(default)s)")
-    g.add_argument("--keep", type=int, default=3,
+    g.add_argument("--keep", type=int, default=TRAIN.keep,
                    help="checkpoints kept (default: %(default)s)")
-    g.add_argument("--eval-every", type=int, default=200,
+    g.add_argument("--eval-every", type=int, default=TRAIN.eval_every,
                    help="steps between held-out loss evaluations (default: %(default)s)")
-    g.add_argument("--beam", type=int, default=1,
+    g.add_argument("--beam", type=int, default=TRAIN.beam,
                    help="beam size for the final test translation; 1 = greedy (default: %(default)s)")
-    g.add_argument("--decode-batch-size", type=int, default=250,
+    g.add_argument("--decode-batch-size", type=int, default=TRAIN.decode_batch_size,
                    help="sentences per batch when translating the test set (default: %(default)s)")
-    g.add_argument("--samples", type=int, default=5,
+    g.add_argument("--samples", type=int, default=TRAIN.samples,
                    help="sample translations printed at the end (default: %(default)s)")
     g.add_argument("--distributed", action="store_true", help="several hosts: call "
                    "jax.distributed.initialize() (coordinator from the environment)")
@@ -125,18 +128,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
+    """The command line; returns the exit code (jax_transformer.cli: 2 for bad input,
+    1 for a failed run, 130 after Ctrl-C with a checkpoint saved)."""
     args = parse_args(argv)
-    # Imported after --help, which needs no JAX.
-    from jax_transformer.config import ConfigError
-    from jax_transformer.corpora import CorpusError
-    from jax_transformer.interchange import CheckpointError
-    from jax_transformer.tokenizer import TokenizerError
-    from jax_transformer.train_loop import run
-    try:
-        summary = run(args)
-    except (ConfigError, CorpusError, CheckpointError, TokenizerError) as e:
-        sys.exit(f"error: {e}")
+    from jax_transformer import cli  # after --help, which needs no JAX
+    return cli.run(lambda _: train(args))
+
+
+def train(args: argparse.Namespace) -> int:
+    from jax_transformer.train.loop import run
+    from jax_transformer.train.settings import from_flags
+    data, model, settings = from_flags(vars(args))
+    summary = run(data, model, settings)
     test = summary["test"]
     print(json.dumps({"step": summary["step"], "train_seconds": summary["train_seconds"],
                       "dev_loss": round(summary["dev"]["loss"], 4),
@@ -144,8 +148,9 @@ def main(argv=None) -> None:
                       "test_perplexity": round(test["perplexity"], 3),
                       "test_exact_match": test["exact_match"], "test_bleu": round(test["bleu"], 2),
                       "test_chrf": round(test["chrf"], 2),
-                      "workdir": args.workdir}, indent=2), file=sys.stdout)
+                      "workdir": settings.workdir}, indent=2), file=sys.stdout)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,7 +35,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch_reference  # noqa: E402
-from jax_transformer import TransformerConfig, weights  # noqa: E402
+from jax_transformer import TransformerConfig, pretrained  # noqa: E402
 from jax_transformer import decoding as jax_decoding  # noqa: E402
 from jax_transformer.model import Transformer  # noqa: E402
 from torch_reference import decoding as torch_decoding  # noqa: E402
@@ -82,7 +82,7 @@ def main(argv=None):
     jax_model = Transformer(config, rngs=nnx.Rngs(0))
     torch_model = torch_reference.Transformer(config).eval()
     torch_model.load_state_dict({k: torch.from_numpy(v)
-                                 for k, v in weights.to_torch_state_dict(jax_model).items()})
+                                 for k, v in pretrained.to_torch_state_dict(jax_model).items()})
     models = {"jax": jax_model, "torch": torch_model}
     src = np.random.RandomState(0).randint(4, config.src_vocab_size,
                                            (args.batch_size, args.src_len)).astype(np.int32)

@@ -5,8 +5,8 @@
     python benchmarks/bench_train.py --steps 3 --warmup 1 --d-model 64 --d-ff 128 --layers 2 \
         --out /tmp/quick.json                              # a quick smoke run
     python benchmarks/bench_train.py --frameworks jax jax_autodiff_grads torch_eager
-                                      # also JAX with autodiff's own Linear backward, the
-                                      # baseline for jax_transformer/matmul.py
+                                      # also JAX with the plain Linear kernel (autodiff's
+                                      # backward), the baseline for kernels/linear.py
 
 One training step = forward, label-smoothed loss, backward, Adam update (the
 paper's optimizer and schedule, dropout 0.1, as in training). Both frameworks
@@ -96,7 +96,7 @@ def current_rss_mib() -> float:
 # ----------------------------------------------------------------------------- set-up
 
 def make_config(args):
-    from jax_transformer.config import TransformerConfig
+    from transformer_core.config import TransformerConfig
     return TransformerConfig(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
                              d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff,
                              num_encoder_layers=args.layers, num_decoder_layers=args.layers,
@@ -115,18 +115,19 @@ def make_batches(args, config, count: int):
 
 
 class JaxRunner:
-    """`autodiff_weight_grads`: the baseline for jax_transformer.matmul, with the
-    Linear layers' backward left to JAX autodiff and XLA's default layout (the
-    row "jax_autodiff_grads"; measures what the custom Linear backward buys)."""
+    """`autodiff_weight_grads`: the baseline for jax_transformer/kernels/linear.py,
+    with the plain Linear kernel, whose backward is JAX autodiff's in XLA's default
+    layout (the row "jax_autodiff_grads"; measures what the tuned Linear buys)."""
 
     def __init__(self, args, config, state_dict, autodiff_weight_grads: bool = False):
         import jax
         import jax.numpy as jnp
         from flax import nnx
 
-        from jax_transformer import matmul, training
+        from jax_transformer import kernels
         from jax_transformer.model import Transformer
-        from jax_transformer.weights import load_torch_state_dict
+        from jax_transformer.pretrained import load_torch_state_dict
+        from jax_transformer.train import step as training
 
         self.jax = jax
         dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
@@ -139,7 +140,7 @@ class JaxRunner:
         self.state = self.trainer.initial_state
         self.name = "jax_autodiff_grads" if autodiff_weight_grads else "jax"
         # jit traces on the first step, so patching during steps is patching the trace.
-        self.trace_context = (lambda: _patched(matmul, "linear", matmul.affine)) \
+        self.trace_context = (lambda: kernels.override(linear="plain")) \
             if autodiff_weight_grads else contextlib.nullcontext
 
     def prepare(self, batch):
@@ -156,16 +157,6 @@ class JaxRunner:
             self.state, metrics = self.trainer.train_step(self.state, batch)
             loss = float(metrics["loss"])  # waits for the step
             return time.perf_counter() - start, loss
-
-
-@contextlib.contextmanager
-def _patched(module, name, value):
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 class TorchRunner:
@@ -295,7 +286,7 @@ def parse_args(argv=None):
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch_eager", "torch_compile"],
                    choices=FRAMEWORKS,
                    help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
-                        "baseline for jax_transformer.matmul)")
+                        "baseline for jax_transformer/kernels/linear.py)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed rounds (one step per framework) after the first steps")
@@ -327,7 +318,7 @@ def main(argv=None):
     import torch
 
     from jax_transformer.model import Transformer
-    from jax_transformer.weights import to_torch_state_dict
+    from jax_transformer.pretrained import to_torch_state_dict
     from flax import nnx
 
     set_threads(args)

@@ -60,6 +60,16 @@ def _log_softmax(logits):  # (..., V), at least float32
 
 # ------------------------------------------------------------------ greedy
 
+def greedy_pick(log_probs, scores, finished, pad: int, eos: int):
+    """One greedy step from log-probabilities (B, V): the next ids (B,) (pad once a
+    sentence has finished), the summed scores (B,) and the finished flags (B,)."""
+    next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
+    best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+    next_ids = jnp.where(finished, pad, next_ids)
+    scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
+    return next_ids, scores, finished | (next_ids == eos)
+
+
 def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
     """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int32, scores (B,).
 
@@ -87,13 +97,8 @@ def _greedy_jit(graphdef, state, src_ids, src_mask, *, max_len, bos, eos, pad):
         t, tokens, scores, finished, cache = carry
         inputs = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
         logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
-        log_probs = _log_softmax(logits)
-        next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
-        best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
-        next_ids = jnp.where(finished, pad, next_ids)
-        scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
+        next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished, pad, eos)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
-        finished = finished | (next_ids == eos)
         return t + 1, tokens, scores, finished, cache
 
     _, tokens, scores, _, _ = jax.lax.while_loop(not_done, step, init)
@@ -209,24 +214,21 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
     memory = _encode_jit(graphdef, state, src_ids, src_mask)
     B = src_ids.shape[0]
     tokens = np.full((B, 1), ids["bos"], np.int32)
-    scores = np.zeros((B,), np.dtype(jnp.promote_types(memory.dtype, jnp.float32)))
-    finished = np.zeros((B,), bool)
+    scores = jnp.zeros((B,), jnp.promote_types(memory.dtype, jnp.float32))
+    finished = jnp.zeros((B,), bool)
     for t in range(max_len):
         width = min(-(-(t + 1) // pad_to) * pad_to, max_len)
         prefix = np.full((B, width), ids["pad"], np.int32)
         prefix[:, : t + 1] = tokens
-        log_probs = np.asarray(_log_probs_at_jit(graphdef, state, prefix, memory, src_mask, t))
-        next_ids = log_probs.argmax(axis=-1).astype(np.int32)
-        best = np.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
-        next_ids = np.where(finished, ids["pad"], next_ids)
-        scores = scores + np.where(finished, 0.0, best).astype(scores.dtype)
-        tokens = np.concatenate([tokens, next_ids[:, None]], axis=1)
-        finished |= next_ids == ids["eos"]
-        if finished.all():
+        log_probs = _log_probs_at_jit(graphdef, state, prefix, memory, src_mask, t)  # (B, V)
+        next_ids, scores, finished = greedy_pick(log_probs, scores, finished, ids["pad"],
+                                                 ids["eos"])
+        tokens = np.concatenate([tokens, np.asarray(next_ids)[:, None]], axis=1)
+        if bool(finished.all()):
             break
     out = np.full((B, max_len), ids["pad"], np.int32)
     out[:, : tokens.shape[1] - 1] = tokens[:, 1:]
-    return jnp.asarray(out), jnp.asarray(scores)
+    return jnp.asarray(out), scores
 
 
 @functools.partial(jax.jit, static_argnums=0)

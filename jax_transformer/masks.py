@@ -12,7 +12,3 @@ def causal_mask(length: int):
     """(1, 1, L, L): query i may attend to keys 0..i."""
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
-
-def decoder_mask(ids, pad_id: int):
-    """(B, L) target ids -> (B, 1, L, L): causal and not padding."""
-    return padding_mask(ids, pad_id) & causal_mask(ids.shape[1])

@@ -12,125 +12,69 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from jax_transformer import matmul
-from jax_transformer.config import TransformerConfig
-from jax_transformer.dropout import Dropout, relu_dropout
-from jax_transformer.layer_norm import LayerNorm
+from jax_transformer import pretrained
+from jax_transformer.kernels.attention import attention, project_kv, project_qkv
+from jax_transformer.kernels.dropout import Dropout, activation_dropout
+from jax_transformer.kernels.layer_norm import LayerNorm
+from jax_transformer.kernels.linear import Linear
 from jax_transformer.masks import causal_mask, padding_mask
+from transformer_core.config import TransformerConfig
+from transformer_core.positions import sinusoidal_positions
 
-xavier = nnx.initializers.xavier_uniform()
 
-
-@functools.lru_cache(maxsize=None)
-def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...), in float64.
-
-    "interleaved" puts sin/cos in even/odd columns (the paper); "half_split"
-    puts all sines first, then all cosines (Marian).
-    """
-    position = np.arange(length, dtype=np.float64)[:, None]  # (L, 1)
-    angle = position / 10000.0 ** (np.arange(0, d_model, 2, dtype=np.float64) / d_model)
-    sin, cos = np.sin(angle), np.cos(angle[:, : d_model // 2])  # (L, ceil(D/2)), (L, D//2)
-    table = np.zeros((length, d_model))
-    if layout == "interleaved":
-        table[:, 0::2], table[:, 1::2] = sin, cos
-    else:
-        table[:, : sin.shape[1]], table[:, sin.shape[1]:] = sin, cos
-    return table  # (L, D)
+def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: bool = True):
+    return Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.xavier_uniform(),
+                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
 class MultiHeadAttention(nnx.Module):
     """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        d = config.d_model
-        linear = functools.partial(matmul.Linear, d, d, kernel_init=xavier, rngs=rngs,
-                                   dtype=dtype, param_dtype=param_dtype)
-        self.W_q, self.W_k, self.W_v, self.W_o = linear(), linear(), linear(), linear()
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        d, kw = config.d_model, dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.W_q, self.W_k, self.W_v, self.W_o = linear(d, d, **kw), linear(d, d, **kw), linear(d, d, **kw), linear(d, d, **kw)
+        self.dropout = Dropout(config.dropout, rngs=rngs)
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
 
-    def split_heads(self, x):  # (B, L, D) -> (B, H, L, Dh)
-        B, L, _ = x.shape
-        return x.reshape(B, L, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+    def split_heads(self, x):  # (B, L, D) -> (B, L, H, Dh)
+        return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
 
-    @staticmethod
-    def project(x, *linears):
-        """x through several of the stored Linear layers in one matmul:
-        x @ [W_a | W_b | ...] + [b_a | b_b | ...], split back into one output per
-        layer. Each output column is the same dot product as in W_a(x) etc.; one
-        wide matmul just runs faster (on CPU) than several narrow ones. The
-        parameters stay separate, so the checkpoint format does not change."""
-        if len(linears) == 1:
-            return [linears[0](x)]
-        kernel = jnp.concatenate([layer.kernel[...] for layer in linears], axis=1)  # (D, n*D)
-        bias = jnp.concatenate([layer.bias[...] for layer in linears])  # (n*D,)
-        x, kernel, bias = linears[0].promote_dtype((x, kernel, bias), dtype=linears[0].dtype)
-        return jnp.split(matmul.linear(x, kernel, bias), len(linears), axis=-1)  # n x (B, L, D)
+    def project_q(self, query):  # (B, Tq, D) -> (B, Tq, H, Dh)
+        return self.split_heads(self.W_q(query))
 
-    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
-        k, v = self.project(key_value, self.W_k, self.W_v)
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v (B, Tk, H, Dh)
+        k, v = project_kv(key_value, self.W_k, self.W_v)
         return self.split_heads(k), self.split_heads(v)
 
-    def attend(self, query, k, v, mask=None, q=None, kv_layout: str = "bhkd"):
-        """Attention of `query` (B, Tq, D) over projected keys/values, laid out
-        (B, H, Tk, Dh) ("bhkd", the decoding cache) or (B, Tk, H, Dh) ("bkhd").
-        `q`: the query already projected by W_q, if the caller has it.
+    def project(self, query, key_value):  # -> q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+        q, k, v = project_qkv(query, key_value, self.W_q, self.W_k, self.W_v)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-        The heads stay in the einsums instead of being transposed out of D: the
-        same products, without a copy of q and of the output per layer (~12%
-        of a training step on CPU)."""
-        B, Tq, _ = query.shape
-        q = (self.W_q(query) if q is None else q).reshape(B, Tq, self.num_heads,
-                                                           self.head_dim)  # (B, Tq, H, Dh)
-        scores = jnp.einsum(f"bqhd,{kv_layout}->bhqk", q, k) / math.sqrt(self.head_dim)
-        scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))  # (B, H, Tq, Tk)
-        if mask is not None:
-            scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
-        weights = jax.nn.softmax(scores, axis=-1)  # (B, H, Tq, Tk)
-        out = jnp.einsum(f"bhqk,{kv_layout}->bqhd", self.dropout(weights).astype(v.dtype),
-                         v)  # (B, Tq, H, Dh)
-        return self.W_o(out.reshape(B, Tq, -1)), weights  # (B, Tq, D)
+    def attend(self, q, k, v, mask=None):  # -> (B, Tq, D), weights (B, H, Tq, Tk)
+        out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
+        return self.W_o(out.reshape(*out.shape[:2], -1)), weights
 
-    def __call__(self, query, key_value, mask=None):
-        B, Tk, _ = key_value.shape
-        if query is key_value:  # self-attention: Q, K and V in one matmul
-            q, k, v = self.project(query, self.W_q, self.W_k, self.W_v)  # (B, T, D) each
-        else:
-            q = None
-            k, v = self.project(key_value, self.W_k, self.W_v)  # (B, Tk, D) each
-        k, v = (x.reshape(B, Tk, self.num_heads, self.head_dim) for x in (k, v))  # (B, Tk, H, Dh)
-        return self.attend(query, k, v, mask, q=q, kv_layout="bkhd")
+    def __call__(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
+        return self.attend(*self.project(query, key_value), mask)
 
 
 class FeedForward(nnx.Module):
     """FFN(x) = W_2 dropout(act(W_1 x))."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        linear = functools.partial(matmul.Linear, kernel_init=xavier, rngs=rngs,
-                                   dtype=dtype, param_dtype=param_dtype)
-        self.W_1 = linear(config.d_model, config.d_ff)
-        self.W_2 = linear(config.d_ff, config.d_model)
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.W_1 = linear(config.d_model, config.d_ff, **kw)
+        self.W_2 = linear(config.d_ff, config.d_model, **kw)
         self.dropout = Dropout(config.dropout, rngs=rngs)
         self.activation = {"relu": jax.nn.relu, "silu": jax.nn.silu,
                            "gelu": functools.partial(jax.nn.gelu, approximate=False),
                            }[config.activation]
 
-    def __call__(self, x):  # (B, L, D) -> (B, L, D)
-        # As rows (B*L, D): the dropout output then feeds W_2's matmul as it is, and
-        # XLA keeps it for W_2's weight gradient rather than recomputing dropout
-        # inside that gradient's transpose (jax_transformer/matmul.py).
-        h = self.W_1(x.reshape(-1, x.shape[-1]))  # (B*L, F)
-        keep = self.dropout.keep_mask(h) if self.activation is jax.nn.relu else None
-        if keep is not None:  # the same values and gradients, a cheaper backward
-            h = relu_dropout(h, keep, self.dropout.rate)
-        else:
-            h = self.dropout(self.activation(h))
-        return self.W_2(h).reshape(x.shape)
+    def __call__(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        return self.W_2(activation_dropout(self.W_1(x), self.activation, self.dropout))
 
 
 def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
@@ -145,7 +89,7 @@ class Residual(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.pre_norm = config.pre_norm
-        self.dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.dropout = Dropout(config.dropout, rngs=rngs)
 
     def norm_input(self, x, norm):
         return norm(x) if self.pre_norm else x
@@ -199,23 +143,24 @@ class DecoderLayer(nnx.Module):
     def init_cache(self, memory, max_len: int):
         """Cross-attention keys/values of `memory` (B, S, D), projected once per
         sentence, and empty self-attention buffers for `max_len` positions."""
-        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh)
-        B, H, _, Dh = cross_k.shape
-        empty = jnp.zeros((B, H, max_len, Dh), cross_k.dtype)  # (B, H, L, Dh)
+        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        B, _, H, Dh = cross_k.shape
+        empty = jnp.zeros((B, max_len, H, Dh), cross_k.dtype)  # (B, L, H, Dh)
         return {"self_k": empty, "self_v": empty, "cross_k": cross_k, "cross_v": cross_v}
 
     def decode_step(self, x, cache, position, src_mask):
         """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
         self-attention key/value written in. Same steps as __call__."""
         h = self.residual.norm_input(x, self.self_attn_norm)
-        k, v = self.self_attn.project_kv(h)  # (B, H, 1, Dh)
-        self_k = jax.lax.dynamic_update_slice_in_dim(cache["self_k"], k, position, axis=2)
-        self_v = jax.lax.dynamic_update_slice_in_dim(cache["self_v"], v, position, axis=2)
-        visible = (jnp.arange(self_k.shape[2]) <= position)[None, None, None, :]  # (1, 1, 1, L)
-        h, _ = self.self_attn.attend(h, self_k, self_v, visible)
+        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
+        self_k = jax.lax.dynamic_update_slice_in_dim(cache["self_k"], k, position, axis=1)
+        self_v = jax.lax.dynamic_update_slice_in_dim(cache["self_v"], v, position, axis=1)
+        visible = (jnp.arange(self_k.shape[1]) <= position)[None, None, None, :]  # (1, 1, 1, L)
+        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
         x = self.residual.add_residual(x, h, self.self_attn_norm)
         h = self.residual.norm_input(x, self.cross_attn_norm)
-        h, _ = self.cross_attn.attend(h, cache["cross_k"], cache["cross_v"], src_mask)
+        q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
+        h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
         x = self.residual.add_residual(x, h, self.cross_attn_norm)
         h = self.residual.norm_input(x, self.ffn_norm)
         x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
@@ -279,7 +224,6 @@ class Transformer(nnx.Module):
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
                  dtype=jnp.float32, param_dtype=jnp.float32):
         self.config = config
-        self.dtype = dtype
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         embed = functools.partial(nnx.Embed, features=config.d_model, **kw,
                                   embedding_init=nnx.initializers.normal(config.d_model ** -0.5))
@@ -288,13 +232,12 @@ class Transformer(nnx.Module):
         else:
             self.src_embed = embed(config.src_vocab_size)
             self.tgt_embed = embed(config.tgt_vocab_size)
-        self.embed_dropout = nnx.Dropout(config.dropout, rngs=rngs)
+        self.embed_dropout = Dropout(config.dropout, rngs=rngs)
         self.encoder = Encoder(config, **kw)
         self.decoder = Decoder(config, **kw)
         if not config.tie_output:
-            self.output_projection = matmul.Linear(config.d_model, config.tgt_vocab_size,
-                                                   use_bias=config.output_bias,
-                                                   kernel_init=xavier, **kw)
+            self.output_projection = linear(config.d_model, config.tgt_vocab_size,
+                                            bias=config.output_bias, **kw)
         elif config.output_bias:
             self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,), param_dtype))
 
@@ -345,8 +288,8 @@ class Transformer(nnx.Module):
 
     def init_cache(self, memory, max_len: int):
         """The decoding cache for `memory` (B, S, D): one dict per decoder layer with
-        self-attention buffers "self_k"/"self_v" (B, H, max_len, Dh), filled as
-        decoding goes, and "cross_k"/"cross_v" (B, H, S, Dh), projected here once."""
+        self-attention buffers "self_k"/"self_v" (B, max_len, H, Dh), filled as
+        decoding goes, and "cross_k"/"cross_v" (B, S, H, Dh), projected here once."""
         if max_len > self.config.max_len:
             raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")
         return self.decoder.init_cache(memory, max_len)
@@ -388,12 +331,11 @@ class Transformer(nnx.Module):
                             "cross": cross}
         return logits
 
-    # The checkpoint directory format (see jax_transformer.interchange).
+    # The checkpoint directory format (see transformer_core.checkpoint_dir).
     @classmethod
     def from_pretrained(cls, directory, **kwargs) -> "Transformer":
-        from jax_transformer.weights import load_pretrained
-        return load_pretrained(directory, **kwargs)
+        """Build from a checkpoint directory (see jax_transformer.pretrained.load_pretrained)."""
+        return pretrained.load_pretrained(cls, directory, **kwargs)
 
     def save_pretrained(self, directory, tokenizer=None):
-        from jax_transformer.weights import save_pretrained
-        return save_pretrained(self, directory, tokenizer=tokenizer)
+        return pretrained.save_pretrained(self, directory, tokenizer=tokenizer)

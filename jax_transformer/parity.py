@@ -12,6 +12,9 @@ report can gate CI. torch_reference is the reference side.
 
 Each framework propagates its own activations, so a row shows the error
 accumulated up to that point: the first flagged row is where parity breaks.
+The intermediates are recorded from one ordinary forward pass of each model
+(torch forward hooks; Flax's nnx.capture of every module's outputs), so the
+report checks the models' own code, not a copy of their steps.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Callable, Sequence, TextIO
+from typing import Sequence, TextIO
 
 import numpy as np
 
-from jax_transformer import interchange
-from jax_transformer.config import TransformerConfig
+from jax_transformer import cli
+from transformer_core import checkpoint_dir
+from transformer_core.checkpoint_dir import CheckpointError
+from transformer_core.config import TransformerConfig
+from transformer_core.errors import InputError
 
 DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
 
@@ -89,13 +95,13 @@ def sentence_batch(directory: str | Path, config: TransformerConfig,
         tok = MarianTokenizer(directory)
         src_rows = [tok.encode(s, "source") for s in sentences]
         tgt_rows = [[config.bos_id] + tok.encode(s, "target")[:-1] for s in sentences]
-    elif interchange.tokenizer_path(directory) is not None:
-        from jax_transformer.tokenizer import Tokenizer
-        tok = Tokenizer(interchange.tokenizer_path(directory))
+    elif checkpoint_dir.tokenizer_path(directory) is not None:
+        from transformer_core.tokenizer import Tokenizer
+        tok = Tokenizer(checkpoint_dir.tokenizer_path(directory))
         src_rows = [tok.encode(s) + [config.eos_id] for s in sentences]
         tgt_rows = [[config.bos_id] + tok.encode(s) for s in sentences]
     else:
-        raise ValueError(f"{directory} has no tokenizer (tokenizer.model, or Marian's "
+        raise CheckpointError(f"{directory} has no tokenizer (tokenizer.model, or Marian's "
                          "source.spm + vocab.json): use a generated batch instead")
 
     def pad(rows):
@@ -108,67 +114,67 @@ def sentence_batch(directory: str | Path, config: TransformerConfig,
 
 # ------------------------------------------------------------------ tracing
 
-def trace(model, src, tgt, causal_mask: Callable, padding_mask: Callable) -> dict:
-    """Every intermediate of a forward pass, in order. Works on both frameworks'
-    models (same module names, same call signatures); the arrays stay native."""
-    out = {}
-    config = model.config
-    src_mask = padding_mask(src, config.pad_id)  # (B, 1, 1, S)
-    tgt_mask = causal_mask(tgt.shape[1])  # (1, 1, T, T)
-    x = model.embed(model.source_embedding(), src)
-    out["encoder.embed"] = x
-    for i, layer in enumerate(model.encoder.layers):
+def traced_outputs(config: TransformerConfig) -> list[tuple[str, str, int, int | None]]:
+    """The report's rows, in forward order: (row name, module path, which call of
+    that module, which element of its output or None for the whole output)."""
+    rows = [("encoder.embed", "embed", 0, None)]
+    for i in range(config.num_encoder_layers):
         p = f"encoder.layers.{i}"
-        h = layer.residual.norm_input(x, layer.self_attn_norm)
-        attn, weights = layer.self_attn(h, h, src_mask)
-        out[f"{p}.self_attn.weights"], out[f"{p}.self_attn.out"] = weights, attn
-        x, _ = layer(x, src_mask)
-        out[f"{p}.out"] = x
-    if model.encoder.final_norm is not None:
-        x = model.encoder.final_norm(x)
-    out["encoder.out"] = memory = x
-    y = model.embed(model.target_embedding(), tgt)
-    out["decoder.embed"] = y
-    for i, layer in enumerate(model.decoder.layers):
+        rows += [(f"{p}.self_attn.weights", f"{p}.self_attn", 0, 1),
+                 (f"{p}.self_attn.out", f"{p}.self_attn", 0, 0), (f"{p}.out", p, 0, 0)]
+    rows += [("encoder.out", "encoder", 0, 0), ("decoder.embed", "embed", 1, None)]
+    for i in range(config.num_decoder_layers):
         p = f"decoder.layers.{i}"
-        h = layer.residual.norm_input(y, layer.self_attn_norm)
-        attn, weights = layer.self_attn(h, h, tgt_mask)
-        out[f"{p}.self_attn.weights"], out[f"{p}.self_attn.out"] = weights, attn
-        y1 = layer.residual.add_residual(y, attn, layer.self_attn_norm)
-        h = layer.residual.norm_input(y1, layer.cross_attn_norm)
-        attn, weights = layer.cross_attn(h, memory, src_mask)
-        out[f"{p}.cross_attn.weights"], out[f"{p}.cross_attn.out"] = weights, attn
-        y, _, _ = layer(y, memory, src_mask, tgt_mask)
-        out[f"{p}.out"] = y
-    if model.decoder.final_norm is not None:
-        y = model.decoder.final_norm(y)
-    out["decoder.out"] = y
-    out["logits"] = model(src, tgt)  # the real forward, end to end
+        for attn in ("self_attn", "cross_attn"):
+            rows += [(f"{p}.{attn}.weights", f"{p}.{attn}", 0, 1),
+                     (f"{p}.{attn}.out", f"{p}.{attn}", 0, 0)]
+        rows.append((f"{p}.out", p, 0, 0))
+    rows += [("decoder.out", "decoder", 0, 0), ("logits", "", 0, None)]
+    return rows
+
+
+def pick(calls: dict, config: TransformerConfig) -> dict:
+    """The report's tensors from {module path: [output of each call]}."""
+    out = {}
+    for name, module, call, element in traced_outputs(config):
+        value = calls[module][call]
+        out[name] = value if element is None else value[element]
     return out
 
 
 def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
     import jax.numpy as jnp
     from flax import nnx
-    from jax_transformer import masks
+
     from jax_transformer.model import Transformer
     model = Transformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype))
     model = nnx.view(model, deterministic=True)
-    result = trace(model, jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32),
-                   masks.causal_mask, masks.padding_mask)
-    return {k: np.asarray(v) for k, v in result.items()}
+    forward = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)
+    _, captured = forward(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32))
+    # {module path: outputs of its __call__}, and Transformer.embed's as "embed".
+    calls = {".".join(map(str, path[:-1] if path[-1] == "__call__" else path)):
+             variable.get_value() for path, variable in nnx.to_flat_state(captured)}
+    return {k: np.asarray(v) for k, v in pick(calls, model.config).items()}
 
 
 def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
     import torch
+
     import torch_reference
-    from torch_reference import masks
     model = torch_reference.Transformer.from_pretrained(directory, dtype=getattr(torch, dtype))
     model.eval()
-    with torch.no_grad():
-        result = trace(model, torch.from_numpy(src), torch.from_numpy(tgt),
-                       masks.causal_mask, masks.padding_mask)
-    return {k: v.numpy() for k, v in result.items()}
+    calls: dict[str, list] = {}
+    hooks = [module.register_forward_hook(
+                 lambda _, __, output, name=name: calls.setdefault(name, []).append(output))
+             for name, module in model.named_modules()]
+    try:
+        with torch.no_grad():
+            model(torch.from_numpy(src), torch.from_numpy(tgt))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    calls["embed"] = calls["embed_dropout"]  # Transformer.embed ends with it
+    return {k: v.numpy() for k, v in pick(calls, model.config).items()}
 
 
 def compare(reference: dict[str, np.ndarray], other: dict[str, np.ndarray], dtype: str,
@@ -196,7 +202,7 @@ def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
     import jax
     import torch
     tolerances = {**DEFAULT_TOLERANCE, **(tolerances or {})}
-    config, _ = interchange.load_dir(directory)
+    config, _ = checkpoint_dir.load_dir(directory)
     if src is None or tgt is None:
         src, tgt = generated_batch(config)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -204,7 +210,7 @@ def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
     reports = []
     for dtype in dtypes:
         if dtype not in DEFAULT_TOLERANCE:
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+            raise InputError(f"dtype must be float32 or float64, got {dtype!r}")
         with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
             ours = trace_jax(directory, dtype, src, tgt)
         reference = trace_torch(directory, dtype, src, tgt)
@@ -231,6 +237,11 @@ def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | No
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (jax_transformer.cli; 1 when parity fails)."""
+    return cli.run(report_command, argv)
+
+
+def report_command(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_transformer.parity",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint directory (config.json + model.safetensors)")
@@ -244,24 +255,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tol32", type=float, default=DEFAULT_TOLERANCE["float32"])
     parser.add_argument("--tol64", type=float, default=DEFAULT_TOLERANCE["float64"])
     args = parser.parse_args(argv)
-    try:
-        config, _ = interchange.load_dir(args.checkpoint)
-        if args.sentences:
-            lines = [l.strip() for l in Path(args.sentences).read_text().splitlines() if l.strip()]
-            if not lines:
-                raise ValueError(f"{args.sentences} has no sentences")
-            src, tgt = sentence_batch(args.checkpoint, config, lines)
-            what = f"{len(lines)} sentence(s) from {args.sentences}"
-        else:
-            src, tgt = generated_batch(config, args.batch_size, args.src_len, args.tgt_len,
-                                       args.seed)
-            what = f"generated, seed {args.seed}"
-        reports = run(args.checkpoint, [d.strip() for d in args.dtypes.split(",") if d.strip()],
-                      src=src, tgt=tgt,
-                      tolerances={"float32": args.tol32, "float64": args.tol64})
-    except (ValueError, OSError) as e:  # includes CheckpointError / ConfigError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    config, _ = checkpoint_dir.load_dir(args.checkpoint)
+    if args.sentences:
+        lines = [l.strip() for l in Path(args.sentences).read_text().splitlines() if l.strip()]
+        if not lines:
+            raise InputError(f"{args.sentences} has no sentences")
+        src, tgt = sentence_batch(args.checkpoint, config, lines)
+        what = f"{len(lines)} sentence(s) from {args.sentences}"
+    else:
+        src, tgt = generated_batch(config, args.batch_size, args.src_len, args.tgt_len,
+                                   args.seed)
+        what = f"generated, seed {args.seed}"
+    reports = run(args.checkpoint, [d.strip() for d in args.dtypes.split(",") if d.strip()],
+                  src=src, tgt=tgt,
+                  tolerances={"float32": args.tol32, "float64": args.tol64})
     print_reports(reports, f"checkpoint {args.checkpoint}: batch {src.shape[0]} x src "
                            f"{src.shape[1]} / tgt {tgt.shape[1]} tokens ({what})")
     ok = all(r.ok for r in reports)

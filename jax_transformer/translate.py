@@ -6,9 +6,9 @@
 
 One sentence per line in, one translation per line out, in input order.
 The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
-plus eos. Sentences are sorted by length into batches and padded to a few
-fixed lengths (powers of two), so JAX compiles once per length bucket, not
-once per batch. Progress and errors go to stderr. `--framework torch` runs
+plus eos. Sentences are sorted by length into batches and padded to the
+training buckets' lengths (jax_transformer.data.batching), so JAX compiles once
+per length bucket, not once per batch. Progress and errors go to stderr. `--framework torch` runs
 torch_reference and does not import JAX.
 """
 
@@ -20,14 +20,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from jax_transformer import interchange
-from jax_transformer.config import ConfigError
-from jax_transformer.tokenizer import Tokenizer, TokenizerError
+from jax_transformer import cli
+from jax_transformer.data.batching import bucket_lengths, padded_length
+from transformer_core import checkpoint_dir
+from transformer_core.errors import InputError
+from transformer_core.tokenizer import Tokenizer
 
 
-class TranslateError(ValueError):
-    pass
+class TranslateError(InputError):
+    """The translation request cannot be served as given."""
 
 
 def parse_args(argv=None):
@@ -57,10 +60,10 @@ def load(checkpoint, framework: str):
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise TranslateError(f"checkpoint directory {directory} does not exist")
-    tokenizer_file = interchange.tokenizer_path(directory)
+    tokenizer_file = checkpoint_dir.tokenizer_path(directory)
     if tokenizer_file is None:
         raise TranslateError(
-            f"{directory} has no {interchange.TOKENIZER_FILE}; save the checkpoint with its "
+            f"{directory} has no {checkpoint_dir.TOKENIZER_FILE}; save the checkpoint with its "
             "tokenizer (save_pretrained(dir, tokenizer=path))")
     if framework == "torch":
         import torch_reference
@@ -71,15 +74,6 @@ def load(checkpoint, framework: str):
     tokenizer = Tokenizer(tokenizer_file)
     tokenizer.check_fits(model.config)
     return model, tokenizer
-
-
-def length_buckets(max_len: int) -> list[int]:
-    """8, 16, 32, ... and max_len itself: the padded source lengths."""
-    buckets, n = [], 8
-    while n < max_len:
-        buckets.append(n)
-        n *= 2
-    return buckets + [max_len]
 
 
 def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0.6,
@@ -100,11 +94,11 @@ def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0
                   f"({config.max_len} tokens)", file=sys.stderr)
         sources.append(pieces[: config.max_len - 1] + [config.eos_id])
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    buckets = length_buckets(config.max_len)
+    buckets = bucket_lengths(config.max_len)
     translations = [""] * len(sources)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in (progress(batches) if progress else batches):
-        width = next(b for b in buckets if b >= max(len(sources[i]) for i in batch))
+        width = padded_length(max(len(sources[i]) for i in batch), buckets)
         # Fixed shapes for jit: every batch is (batch_size, bucket); filler rows are [eos].
         src = np.full((batch_size if framework == "jax" else len(batch), width), config.pad_id,
                       np.int32)
@@ -125,29 +119,26 @@ def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0
 
 
 def main(argv=None) -> int:
+    """The command line; returns the exit code (jax_transformer.cli)."""
+    return cli.run(translate_command, argv)
+
+
+def translate_command(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        model, tokenizer = load(args.checkpoint, args.framework)
-        if args.input:
-            try:
-                lines = Path(args.input).read_text(encoding="utf-8").splitlines()
-            except OSError as e:
-                raise TranslateError(f"cannot read --input {args.input}: {e}") from e
-        else:
-            lines = sys.stdin.read().splitlines()
+    model, tokenizer = load(args.checkpoint, args.framework)
+    if args.input:
         try:
-            from tqdm import tqdm
-            progress = lambda batches: tqdm(batches, desc="batches", unit="batch",
-                                            file=sys.stderr, disable=None)
-        except ImportError:
-            progress = None
-        start = time.perf_counter()
-        translations = translate_lines(lines, model, tokenizer, framework=args.framework,
-                                       beam=args.beam, alpha=args.alpha, max_len=args.max_len,
-                                       batch_size=args.batch_size, progress=progress)
-    except (TranslateError, interchange.CheckpointError, TokenizerError, ConfigError) as e:
-        print(f"translate: error: {e}", file=sys.stderr)
-        return 2
+            lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise TranslateError(f"cannot read --input {args.input}: {e}") from e
+    else:
+        lines = sys.stdin.read().splitlines()
+    progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
+                                    file=sys.stderr, disable=None)
+    start = time.perf_counter()
+    translations = translate_lines(lines, model, tokenizer, framework=args.framework,
+                                   beam=args.beam, alpha=args.alpha, max_len=args.max_len,
+                                   batch_size=args.batch_size, progress=progress)
     seconds = time.perf_counter() - start
     text = "".join(t + "\n" for t in translations)
     if args.output:

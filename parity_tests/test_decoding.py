@@ -13,7 +13,7 @@ import torch
 from flax import nnx
 
 import torch_reference
-from jax_transformer import TransformerConfig, weights
+from jax_transformer import TransformerConfig, pretrained
 from jax_transformer import decoding as jax_decoding
 from jax_transformer.model import Transformer
 from torch_reference import decoding as torch_decoding
@@ -35,7 +35,7 @@ def source_batch():
 def torch_copy(model, dtype=torch.float32):
     torch_model = torch_reference.Transformer(model.config).to(dtype)
     torch_model.load_state_dict({k: torch.from_numpy(v)
-                                 for k, v in weights.to_torch_state_dict(model).items()})
+                                 for k, v in pretrained.to_torch_state_dict(model).items()})
     return torch_model.eval()
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jax_transformer import masks as jax_masks
-from parity_tests.conftest import CONFIGS, build_pair, precision, to_numpy
+from parity_tests.helpers import CONFIGS, build_pair, precision, to_numpy
 from torch_reference import masks as torch_masks
 
 IDS = {
@@ -26,19 +26,15 @@ def test_builders_agree(name):
         "padding": (jax_masks.padding_mask(jnp.asarray(ids), pad_id),
                     torch_masks.padding_mask(torch.from_numpy(ids), pad_id)),
         "causal": (jax_masks.causal_mask(ids.shape[1]), torch_masks.causal_mask(ids.shape[1])),
-        "decoder": (jax_masks.decoder_mask(jnp.asarray(ids), pad_id),
-                    torch_masks.decoder_mask(torch.from_numpy(ids), pad_id)),
     }
     for kind, (a, b) in pairs.items():
         a, b = to_numpy(a), to_numpy(b)
         assert a.dtype == b.dtype == np.bool_, kind
         np.testing.assert_array_equal(a, b, err_msg=kind)
-    # Polarity and shape: True = may attend, (B, 1, 1, L) / (1, 1, L, L) / (B, 1, L, L).
+    # Polarity and shape: True = may attend, (B, 1, 1, L) / (1, 1, L, L).
     np.testing.assert_array_equal(to_numpy(pairs["padding"][0])[:, 0, 0], ids != pad_id)
     L = ids.shape[1]
     np.testing.assert_array_equal(to_numpy(pairs["causal"][0])[0, 0], np.tri(L, dtype=bool))
-    np.testing.assert_array_equal(to_numpy(pairs["decoder"][0]),
-                                  (ids != pad_id)[:, None, None, :] & np.tri(L, dtype=bool))
 
 
 @pytest.mark.parametrize("name", ["post_ln", "pre_ln_final_norm"])

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from jax_transformer import masks as jax_masks
-from jax_transformer.training import label_smoothed_cross_entropy as jax_loss
-from parity_tests.conftest import (CONFIGS, assert_close, build_pair, make_batches, precision,
+from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
+from parity_tests.helpers import (CONFIGS, assert_close, build_pair, make_batches, precision,
                                    to_numpy)
 from torch_reference import masks as torch_masks
 from torch_reference.training import label_smoothed_cross_entropy as torch_loss

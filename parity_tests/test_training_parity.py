@@ -9,10 +9,10 @@ import pytest
 import torch
 from flax import nnx
 
-from jax_transformer import interchange
-from jax_transformer import training as jax_training
-from jax_transformer.weights import to_torch_state_dict
-from parity_tests.conftest import CONFIGS, build_pair, precision
+from transformer_core import checkpoint_dir
+from jax_transformer.train import step as jax_training
+from jax_transformer.pretrained import to_torch_state_dict
+from parity_tests.helpers import CONFIGS, build_pair, precision
 from torch_reference import training as torch_training
 
 TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared"]
@@ -48,7 +48,7 @@ def jax_gradients(flax_model, batch, smoothing):
     grads = nnx.grad(loss)(flax_model)
     out = {}
     for path, g in nnx.to_flat_state(grads):
-        key, transpose = interchange.flax_path_to_torch_key(path)
+        key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
         g = np.asarray(g.get_value())
         out[key] = g.T if transpose else g
     return out

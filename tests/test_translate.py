@@ -10,7 +10,7 @@ import torch
 
 import torch_reference
 from jax_transformer import TransformerConfig, translate
-from jax_transformer.tokenizer import Tokenizer
+from transformer_core.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the cat dog sat on mat a house small big red blue green runs jumps over under "

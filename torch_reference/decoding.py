@@ -70,6 +70,16 @@ def _log_softmax(logits):  # (..., V), at least float32
 
 # ------------------------------------------------------------------ greedy
 
+def greedy_pick(log_probs, scores, finished, pad: int, eos: int):
+    """One greedy step from log-probabilities (B, V): the next ids (B,) (pad once a
+    sentence has finished), the summed scores (B,) and the finished flags (B,)."""
+    next_ids = log_probs.argmax(dim=-1)  # (B,)
+    best = log_probs.gather(-1, next_ids[:, None])[:, 0]
+    next_ids = torch.where(finished, pad, next_ids)
+    scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
+    return next_ids, scores, finished | (next_ids == eos)
+
+
 def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
     """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int64, scores (B,).
 
@@ -87,13 +97,9 @@ def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, e
         for t in range(max_len):
             inputs = tokens[:, t:t + 1]  # (B, 1)
             logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
-            log_probs = _log_softmax(logits)
-            next_ids = log_probs.argmax(dim=-1)  # (B,)
-            best = log_probs.gather(-1, next_ids[:, None])[:, 0]
-            next_ids = torch.where(finished, ids["pad"], next_ids)
-            scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
+            next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished,
+                                                     ids["pad"], ids["eos"])
             tokens[:, t + 1] = next_ids
-            finished = finished | (next_ids == ids["eos"])
             if finished.all():
                 break
         return tokens[:, 1:], scores
@@ -206,12 +212,9 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
         for _ in range(max_len):
             hidden, _, _ = model.decode(tokens, memory, src_mask)  # (B, T, D)
             log_probs = _log_softmax(model.project(hidden[:, -1:])[:, 0])  # (B, V)
-            next_ids = log_probs.argmax(dim=-1)
-            best = log_probs.gather(-1, next_ids[:, None])[:, 0]
-            next_ids = torch.where(finished, ids["pad"], next_ids)
-            scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
+            next_ids, scores, finished = greedy_pick(log_probs, scores, finished, ids["pad"],
+                                                     ids["eos"])
             tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
-            finished = finished | (next_ids == ids["eos"])
             if finished.all():
                 break
         out = torch.full((B, max_len), ids["pad"], dtype=torch.long)

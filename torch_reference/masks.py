@@ -1,6 +1,6 @@
 """Attention masks: boolean, True = may attend, shaped to broadcast as (B, H, Tq, Tk).
 
-Note: torch.nn.MultiheadAttention's boolean masks mean the opposite (True = NOT
+torch.nn.MultiheadAttention's boolean masks mean the opposite (True = NOT
 allowed); convert at that boundary only.
 """
 
@@ -16,7 +16,3 @@ def causal_mask(length: int, device=None):
     """(1, 1, L, L): query i may attend to keys 0..i."""
     return torch.tril(torch.ones(length, length, dtype=torch.bool, device=device))[None, None]
 
-
-def decoder_mask(ids, pad_id: int):
-    """(B, L) target ids -> (B, 1, L, L): causal and not padding."""
-    return padding_mask(ids, pad_id) & causal_mask(ids.shape[1], ids.device)

@@ -7,33 +7,16 @@ D d_model, H heads, Dh head dim, F d_ff, V vocabulary.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from jax_transformer.config import TransformerConfig
+from transformer_core import checkpoint_dir
+from transformer_core.config import TransformerConfig
+from transformer_core.positions import sinusoidal_positions
 from torch_reference.masks import causal_mask, padding_mask
-
-
-@functools.lru_cache(maxsize=None)
-def sinusoidal_positions(length: int, d_model: int, layout: str) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...), in float64.
-
-    "interleaved" puts sin/cos in even/odd columns (the paper); "half_split"
-    puts all sines first, then all cosines (Marian).
-    """
-    position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
-    angle = position / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    sin, cos = torch.sin(angle), torch.cos(angle[:, : d_model // 2])  # (L, ceil(D/2)), (L, D//2)
-    table = torch.zeros(length, d_model, dtype=torch.float64)
-    if layout == "interleaved":
-        table[:, 0::2], table[:, 1::2] = sin, cos
-    else:
-        table[:, : sin.shape[1]], table[:, sin.shape[1]:] = sin, cos
-    return table  # (L, D)
 
 
 def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
@@ -42,6 +25,19 @@ def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
     if bias:
         nn.init.zeros_(layer.bias)
     return layer
+
+
+def attention(q, k, v, mask, dropout: nn.Dropout):
+    """softmax(q k^T / sqrt(Dh)) v for every head: q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+    -> out (B, Tq, H, Dh), weights (B, H, Tq, Tk). Masked scores get finfo.min."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, L, Dh)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
+    out = dropout(weights).to(v.dtype) @ v  # (B, H, Tq, Dh)
+    return out.transpose(1, 2), weights  # (B, Tq, H, Dh)
 
 
 class MultiHeadAttention(nn.Module):
@@ -55,29 +51,24 @@ class MultiHeadAttention(nn.Module):
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
 
-    def split_heads(self, x):  # (B, L, D) -> (B, H, L, Dh)
-        B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+    def split_heads(self, x):  # (B, L, D) -> (B, L, H, Dh)
+        return x.unflatten(-1, (self.num_heads, self.head_dim))
 
-    def project_kv(self, key_value):  # (B, Tk, D) -> k, v: (B, H, Tk, Dh) each
+    def project_q(self, query):  # (B, Tq, D) -> (B, Tq, H, Dh)
+        return self.split_heads(self.W_q(query))
+
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v (B, Tk, H, Dh)
         return self.split_heads(self.W_k(key_value)), self.split_heads(self.W_v(key_value))
 
-    def attend(self, query, k, v, mask=None):
-        """Attention of `query` (B, Tq, D) over projected keys/values (B, H, Tk, Dh)."""
-        q = self.split_heads(self.W_q(query))  # (B, H, Tq, Dh)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, H, Tq, Tk)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        if mask is not None:
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
-        out = self.dropout(weights).to(v.dtype) @ v  # (B, H, Tq, Dh)
-        B, H, Tq, Dh = out.shape
-        out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
-        return self.W_o(out), weights
+    def project(self, query, key_value):  # -> q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+        return self.project_q(query), *self.project_kv(key_value)
 
-    def forward(self, query, key_value, mask=None):
-        k, v = self.project_kv(key_value)  # (B, H, Tk, Dh)
-        return self.attend(query, k, v, mask)
+    def attend(self, q, k, v, mask=None):  # -> (B, Tq, D), weights (B, H, Tq, Tk)
+        out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
+        return self.W_o(out.flatten(2)), weights
+
+    def forward(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
+        return self.attend(*self.project(query, key_value), mask)
 
 
 class FeedForward(nn.Module):
@@ -160,9 +151,9 @@ class DecoderLayer(nn.Module):
     def init_cache(self, memory, max_len: int):
         """Cross-attention keys/values of `memory` (B, S, D), projected once per
         sentence, and empty self-attention buffers for `max_len` positions."""
-        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh)
-        B, H, _, Dh = cross_k.shape
-        empty = cross_k.new_zeros(B, H, max_len, Dh)  # (B, H, L, Dh)
+        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        B, _, H, Dh = cross_k.shape
+        empty = cross_k.new_zeros(B, max_len, H, Dh)  # (B, L, H, Dh)
         return {"self_k": empty, "self_v": empty.clone(), "cross_k": cross_k, "cross_v": cross_v}
 
     def decode_step(self, x, cache, position, src_mask):
@@ -170,15 +161,16 @@ class DecoderLayer(nn.Module):
         self-attention key/value written in (in place here; JAX returns a new one).
         Same steps as forward."""
         h = self.residual.norm_input(x, self.self_attn_norm)
-        k, v = self.self_attn.project_kv(h)  # (B, H, 1, Dh)
-        self_k, self_v = cache["self_k"], cache["self_v"]
-        self_k[:, :, position] = k[:, :, 0]
-        self_v[:, :, position] = v[:, :, 0]
-        visible = (torch.arange(self_k.shape[2], device=x.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
-        h, _ = self.self_attn.attend(h, self_k, self_v, visible)
+        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
+        self_k, self_v = cache["self_k"], cache["self_v"]  # (B, L, H, Dh)
+        self_k[:, position] = k[:, 0]
+        self_v[:, position] = v[:, 0]
+        visible = (torch.arange(self_k.shape[1], device=x.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
+        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
         x = self.residual.add_residual(x, h, self.self_attn_norm)
         h = self.residual.norm_input(x, self.cross_attn_norm)
-        h, _ = self.cross_attn.attend(h, cache["cross_k"], cache["cross_v"], src_mask)
+        q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
+        h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
         x = self.residual.add_residual(x, h, self.cross_attn_norm)
         h = self.residual.norm_input(x, self.ffn_norm)
         x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
@@ -271,7 +263,7 @@ class Transformer(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         positions = sinusoidal_positions(ids.shape[1], self.config.d_model,
                                          self.config.position_layout)
-        return self.embed_dropout(x + positions.to(x.device, x.dtype))
+        return self.embed_dropout(x + torch.tensor(positions, dtype=x.dtype, device=x.device))
 
     def embed_step(self, table: nn.Embedding, ids, position):  # (B, 1) ids at `position` -> (B, 1, D)
         x = table(ids)
@@ -279,7 +271,7 @@ class Transformer(nn.Module):
             x = x * math.sqrt(self.config.d_model)
         positions = sinusoidal_positions(self.config.max_len, self.config.d_model,
                                          self.config.position_layout)  # (max_len, D)
-        row = positions[position:position + 1].to(x.device, x.dtype)  # (1, D)
+        row = torch.tensor(positions[position:position + 1], dtype=x.dtype, device=x.device)  # (1, D)
         return self.embed_dropout(x + row)
 
     def encode(self, src_ids, src_mask=None):
@@ -303,8 +295,8 @@ class Transformer(nn.Module):
 
     def init_cache(self, memory, max_len: int):
         """The decoding cache for `memory` (B, S, D): one dict per decoder layer with
-        self-attention buffers "self_k"/"self_v" (B, H, max_len, Dh), filled as
-        decoding goes, and "cross_k"/"cross_v" (B, H, S, Dh), projected here once."""
+        self-attention buffers "self_k"/"self_v" (B, max_len, H, Dh), filled as
+        decoding goes, and "cross_k"/"cross_v" (B, S, H, Dh), projected here once."""
         if max_len > self.config.max_len:
             raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")
         return self.decoder.init_cache(memory, max_len)
@@ -349,22 +341,19 @@ class Transformer(nn.Module):
         """torch's load_state_dict, but with every key and shape checked before any
         tensor is copied, so a bad state dict leaves the model untouched."""
         if strict:
-            from jax_transformer import interchange
-            interchange.check_state_dict(state_dict, self.config)
+            checkpoint_dir.check_state_dict(state_dict, self.config)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
-    # The checkpoint directory format (see jax_transformer.interchange).
+    # The checkpoint directory format (see transformer_core.checkpoint_dir).
     @classmethod
     def from_pretrained(cls, directory, dtype: torch.dtype | None = None) -> "Transformer":
         """Build from a checkpoint directory; `dtype` defaults to the file's."""
-        from jax_transformer import interchange
-        config, tensors = interchange.load_dir(directory)
+        config, tensors = checkpoint_dir.load_dir(directory)
         state_dict = {k: torch.from_numpy(v) for k, v in tensors.items()}
         model = cls(config).to(dtype or next(iter(state_dict.values())).dtype)
         model.load_state_dict(state_dict, strict=True)
         return model
 
     def save_pretrained(self, directory, tokenizer=None):
-        from jax_transformer import interchange
         tensors = {k: v.detach().cpu().numpy() for k, v in self.state_dict().items()}
-        return interchange.save_dir(directory, self.config, tensors, tokenizer=tokenizer)
+        return checkpoint_dir.save_dir(directory, self.config, tensors, tokenizer=tokenizer)

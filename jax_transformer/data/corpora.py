@@ -1,0 +1,275 @@
+"""Sentence-pair corpora: the built-in number-words task and user files.
+
+Everything here yields plain `(source, target)` string pairs; tokenizing and
+batching live in `jax_transformer.data.batching`. Needs neither JAX nor torch.
+
+Built-in corpus (`number_corpus`): numbers written out in two languages with
+num2words, e.g. ("three hundred and forty-two", "dreihundertzweiundvierzig").
+The test and dev numbers never occur in training.
+
+User corpora, with the bad-data policy (documented in docs/data.md):
+
+    empty file, unequal line counts, missing column, no usable pair  -> CorpusError
+    empty line, line over `max_chars`, bytes that are not UTF-8,
+    CSV row with too few fields                                      -> counted skip
+
+A skip drops the whole pair and is counted in a `CorpusReport` (with the first
+line number per reason), which train.py prints. Lines are split on b"\\n" only:
+Python's text mode also splits on a lone \\r, str.splitlines also on U+2028 and
+U+0085; all occur inside WMT sentences and would silently misalign the two sides.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import csv
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+from num2words import CONVERTER_CLASSES, num2words
+
+from transformer_core.errors import InputError
+
+Pair = tuple[str, str]
+
+# Skip reasons, as counted in CorpusReport.skipped.
+EMPTY, TOO_LONG, UNDECODABLE, MALFORMED_ROW = "empty", "too long", "not UTF-8", "malformed row"
+
+
+class CorpusError(InputError):
+    """The corpus cannot be used as given; the message says which file and why."""
+
+
+@dataclasses.dataclass
+class CorpusReport:
+    """What reading a corpus kept and skipped; `str(report)` is one printable line."""
+
+    source: str
+    kept: int = 0
+    skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    first_line: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> line
+
+    def skip(self, reason: str, line: int) -> None:
+        self.skipped[reason] += 1
+        self.first_line.setdefault(reason, line)
+
+    def __str__(self) -> str:
+        text = f"{self.source}: kept {self.kept} pairs"
+        if self.skipped:
+            reasons = ", ".join(f"{count} {reason} (first at line {self.first_line[reason]})"
+                                for reason, count in sorted(self.skipped.items()))
+            text += f", skipped {sum(self.skipped.values())}: {reasons}"
+        return text
+
+
+# --- Built-in corpus: numbers in words ---------------------------------------------------
+
+def cardinal_words(lang: str, max_number: int) -> Callable[[int], str]:
+    """A function n -> num2words(n, lang=lang) for 0 <= n < max_number, ~10x faster.
+
+    num2words scans its whole table of number words (up to 10^600 for German)
+    for every call; a copy of the converter that keeps only the words <= max_number
+    gives the same text (tests/test_data.py checks en, de and fr).
+    """
+    if lang not in CONVERTER_CLASSES:
+        raise CorpusError(f"num2words has no language {lang!r}; "
+                          f"available: {', '.join(sorted(CONVERTER_CLASSES))}")
+    converter = CONVERTER_CLASSES[lang]
+    if not isinstance(getattr(converter, "cards", None), dict):
+        return lambda n: num2words(n, lang=lang)  # a converter without a word table
+    trimmed = copy.copy(converter)
+    trimmed.cards = collections.OrderedDict(
+        (value, word) for value, word in converter.cards.items() if value <= max_number)
+    return trimmed.to_cardinal
+
+
+def sample_numbers(count: int, max_number: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` distinct numbers in [0, max_number), spread evenly over digit counts.
+
+    Each digit count (1-digit, 2-digit, ...) gets an equal share; classes too small
+    for their share (there are only 10 one-digit numbers) are taken whole and the
+    rest goes to the larger classes. Returns a shuffled int64 array (count,).
+    """
+    if count > max_number:
+        raise CorpusError(f"cannot draw {count} distinct numbers below {max_number}")
+    num_digits = len(str(max_number - 1))
+    lows = [0] + [10 ** d for d in range(1, num_digits)]
+    highs = lows[1:] + [max_number]
+    sizes = [high - low for low, high in zip(lows, highs)]
+    quotas = [0] * num_digits
+    remaining = count
+    by_size = sorted(range(num_digits), key=lambda c: sizes[c])
+    for position, c in enumerate(by_size):
+        classes_left = num_digits - position
+        quotas[c] = min(sizes[c], -(-remaining // classes_left))  # ceil share
+        remaining -= quotas[c]
+    numbers = np.concatenate([low + rng.choice(size, quota, replace=False)
+                              for low, size, quota in zip(lows, sizes, quotas)])
+    return rng.permutation(numbers)
+
+
+def number_corpus(src_lang: str = "en", tgt_lang: str = "de", num_train: int = 50_000,
+                  num_dev: int = 1_000, num_test: int = 1_000, max_number: int = 1_000_000,
+                  seed: int = 0) -> dict[str, list[Pair]]:
+    """Numbers in words, `src_lang` -> `tgt_lang` (num2words codes), split three ways.
+
+    Returns {"train": [...], "dev": [...], "test": [...]} of (source, target)
+    pairs; the three splits hold disjoint numbers, all below `max_number`, drawn
+    log-uniformly over digit counts (see `sample_numbers`). Same seed, same corpus.
+    """
+    rng = np.random.default_rng(seed)
+    numbers = sample_numbers(num_train + num_dev + num_test, max_number, rng)
+    src_words = cardinal_words(src_lang, max_number)
+    tgt_words = cardinal_words(tgt_lang, max_number)
+    pairs = [(src_words(int(n)), tgt_words(int(n))) for n in numbers]
+    return {"test": pairs[:num_test],
+            "dev": pairs[num_test:num_test + num_dev],
+            "train": pairs[num_test + num_dev:]}
+
+
+def holdout_split(pairs: Sequence[Pair], num_dev: int, num_test: int,
+                  seed: int = 0) -> dict[str, list[Pair]]:
+    """Split one corpus into {"train", "dev", "test"} at random (by `seed`).
+
+    For a real corpus that comes without separate dev/test files.
+    """
+    if num_dev + num_test >= len(pairs):
+        raise CorpusError(f"cannot hold out {num_dev} dev + {num_test} test pairs "
+                          f"from a corpus of {len(pairs)}")
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    shuffled = [pairs[i] for i in order]
+    return {"test": shuffled[:num_test],
+            "dev": shuffled[num_test:num_test + num_dev],
+            "train": shuffled[num_test + num_dev:]}
+
+
+# --- User corpora -------------------------------------------------------------------------
+
+def _check_non_empty(path: Path) -> None:
+    if not path.is_file():
+        raise CorpusError(f"{path} does not exist or is not a file")
+    if path.stat().st_size == 0:
+        raise CorpusError(f"{path} is empty")
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of `path` as bytes, without the line ending and a leading BOM."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f):
+            if number == 0 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            yield line.rstrip(b"\r\n")
+
+
+def _skip_reason(src: str, tgt: str, max_chars: int) -> str | None:
+    """Why a stripped pair is unusable, or None when it is fine."""
+    if not src or not tgt:
+        return EMPTY
+    if len(src) > max_chars or len(tgt) > max_chars:
+        return TOO_LONG
+    return None
+
+
+def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
+                       max_chars: int = 1000) -> tuple[list[Pair], CorpusReport]:
+    """Read two aligned files, one sentence per line, UTF-8.
+
+    Raises CorpusError for a missing or empty file, for unequal line counts
+    (naming both) and when no pair survives; skips and counts pairs with an
+    empty side, a side over `max_chars` characters, or bytes that are not UTF-8.
+    """
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    for path in (src_path, tgt_path):
+        _check_non_empty(path)
+    report = CorpusReport(f"{src_path} | {tgt_path}")
+    pairs = []
+    src_count = tgt_count = 0
+    for line, (src_raw, tgt_raw) in enumerate(
+            itertools.zip_longest(_raw_lines(src_path), _raw_lines(tgt_path)), start=1):
+        src_count += src_raw is not None
+        tgt_count += tgt_raw is not None
+        if src_raw is None or tgt_raw is None:
+            continue  # keep counting the longer file for the error below
+        try:
+            src, tgt = src_raw.decode("utf-8").strip(), tgt_raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            report.skip(UNDECODABLE, line)
+            continue
+        reason = _skip_reason(src, tgt, max_chars)
+        if reason:
+            report.skip(reason, line)
+            continue
+        pairs.append((src, tgt))
+    if src_count != tgt_count:
+        raise CorpusError(f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
+                          "parallel files must have one line per sentence pair")
+    return _finish(pairs, report)
+
+
+def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
+                 delimiter: str | None = None,
+                 max_chars: int = 1000) -> tuple[list[Pair], CorpusReport]:
+    """Read a TSV/CSV file whose header row names `src_column` and `tgt_column`.
+
+    The delimiter defaults to a tab for *.tsv / *.tab and a comma otherwise.
+    TSV is read without quoting (a stray `"` inside a sentence stays text), CSV
+    with standard quoting. Raises CorpusError for a missing or empty file, a
+    missing column (naming the columns there are) and when no pair survives;
+    skips and counts rows that are short, empty, too long or not UTF-8.
+    Line numbers in the report count the header as line 1.
+    """
+    path = Path(path)
+    _check_non_empty(path)
+    if delimiter is None:
+        delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    report = CorpusReport(f"{path} [{src_column} -> {tgt_column}]")
+    pairs = []
+    # surrogateescape keeps bad bytes as lone surrogates, so one bad row is skipped
+    # instead of the whole file failing to decode.
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
+        columns = reader.fieldnames or []
+        for column in (src_column, tgt_column):
+            if column not in columns:
+                raise CorpusError(f"{path} has no column {column!r}; its columns are "
+                                  f"{', '.join(map(repr, columns))}")
+        try:
+            for row in reader:
+                line = reader.line_num
+                src, tgt = row[src_column], row[tgt_column]
+                if src is None or tgt is None:
+                    report.skip(MALFORMED_ROW, line)
+                    continue
+                if not (_is_utf8(src) and _is_utf8(tgt)):
+                    report.skip(UNDECODABLE, line)
+                    continue
+                src, tgt = src.strip(), tgt.strip()
+                reason = _skip_reason(src, tgt, max_chars)
+                if reason:
+                    report.skip(reason, line)
+                    continue
+                pairs.append((src, tgt))
+        except csv.Error as e:
+            raise CorpusError(f"{path}, line {reader.line_num}: {e}") from e
+    return _finish(pairs, report)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from surrogateescape: a bad byte
+        return False
+    return True
+
+
+def _finish(pairs: list[Pair], report: CorpusReport) -> tuple[list[Pair], CorpusReport]:
+    if not pairs:
+        raise CorpusError(f"{report}: no usable sentence pair")
+    report.kept = len(pairs)
+    return pairs, report

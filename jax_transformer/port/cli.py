@@ -1,0 +1,76 @@
+"""python -m jax_transformer.port: convert a checkpoint into our directory format.
+
+    python -m jax_transformer.port --from hf-marian          SRC_DIR   OUT_DIR
+    python -m jax_transformer.port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
+    python -m jax_transformer.port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
+    python -m jax_transformer.port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from jax_transformer import cli
+from jax_transformer.port.marian import convert_hf_marian
+from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
+from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
+                                           read_mapping)
+
+SOURCES = ("hf-marian", "torch-nn-transformer", "torch-reference", "jax-orbax")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (jax_transformer.cli)."""
+    return cli.run(convert, argv)
+
+
+def convert(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jax_transformer.port",
+        description="Convert a checkpoint into our directory format (config.json + "
+                    "model.safetensors). Then check it: python -m jax_transformer.parity OUT_DIR")
+    parser.add_argument("--from", dest="source", choices=SOURCES, required=True)
+    parser.add_argument("src", help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
+                                    "state dict; jax-orbax: the checkpoints directory")
+    parser.add_argument("out", help="output checkpoint directory")
+    g = parser.add_argument_group("torch-reference / jax-orbax")
+    g.add_argument("--config", help="torch-reference: our config.json for the state dict")
+    g.add_argument("--tokenizer", help="a SentencePiece model to copy as tokenizer.model")
+    g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
+    g = parser.add_argument_group(
+        "torch-nn-transformer (flags override --mapping; defaults follow torch.nn.Transformer "
+        "and the PyTorch translation tutorial)")
+    g.add_argument("--mapping", help="JSON file with any of: " + ", ".join(TORCH_NN_DEFAULTS))
+    g.add_argument("--transformer-prefix", dest="transformer")
+    g.add_argument("--src-embed", help="source embedding module or key (default src_embed)")
+    g.add_argument("--tgt-embed", help="target embedding module or key (default tgt_embed)")
+    g.add_argument("--output", help="output nn.Linear (default generator); the target "
+                                    "embedding's name if tied")
+    g.add_argument("--ignore", action="append", help="drop keys with this prefix (repeatable)")
+    g.add_argument("--num-heads", type=int)
+    g.add_argument("--activation", choices=("relu", "gelu", "silu"))
+    g.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--layer-norm-eps", type=float)
+    g.add_argument("--scale-embeddings", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--position-layout", choices=("interleaved", "half_split"))
+    g.add_argument("--max-len", type=int)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--pad-id", type=int)
+    g.add_argument("--bos-id", type=int)
+    g.add_argument("--eos-id", type=int)
+    args = parser.parse_args(argv)
+
+    if args.source == "hf-marian":
+        config = convert_hf_marian(args.src, args.out)
+    elif args.source == "torch-nn-transformer":
+        spec = read_mapping(args.mapping) if args.mapping else {}
+        for name in TORCH_NN_DEFAULTS:
+            if getattr(args, name, None) is not None:
+                spec[name] = getattr(args, name)
+        config = convert_torch_nn_transformer(args.src, args.out, spec)
+    elif args.source == "torch-reference":
+        config = convert_torch_reference(args.src, args.out, args.config, args.tokenizer)
+    else:
+        config = convert_jax_orbax(args.src, args.out, args.step, args.tokenizer)
+    print(f"wrote {args.out}: {config}")
+    return 0

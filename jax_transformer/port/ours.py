@@ -1,0 +1,47 @@
+"""Our own formats -> the checkpoint directory: torch_reference state dicts and
+train.py's orbax training checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from jax_transformer.port.reading import PortError, read_weights, torch_load
+from transformer_core import checkpoint_dir
+from transformer_core.config import TransformerConfig
+
+
+def convert_torch_reference(src: str | Path, out_dir: str | Path,
+                            config_path: str | Path | None = None,
+                            tokenizer: str | Path | None = None) -> TransformerConfig:
+    """A torch.save'd torch_reference state dict (or {"config": dict, "state_dict": ...})."""
+    config = None
+    if config_path is not None:
+        config = TransformerConfig.from_json(config_path)
+    else:
+        obj = torch_load(Path(src)) if Path(src).suffix != ".safetensors" else None
+        if isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping):
+            config = TransformerConfig.from_dict(dict(obj["config"]))
+    if config is None:
+        raise PortError("--config config.json is required: the state dict does not carry one")
+    tensors = read_weights(src)
+    tensors.pop("config", None)
+    try:
+        checkpoint_dir.save_dir(out_dir, config, tensors, tokenizer=tokenizer)
+    except checkpoint_dir.CheckpointError as e:
+        raise PortError(str(e)) from e
+    return config
+
+
+def convert_jax_orbax(src: str | Path, out_dir: str | Path, step: int | None = None,
+                      tokenizer: str | Path | None = None) -> TransformerConfig:
+    """A training checkpoint written by train.py (orbax, under WORKDIR/checkpoints)."""
+    from jax_transformer.train.checkpoints import restore_model, run_directory
+    try:
+        model = restore_model(src, step=step)
+    except FileNotFoundError as e:
+        raise PortError(str(e)) from e
+    if tokenizer is None:  # the run's own tokenizer, when it has one
+        tokenizer = checkpoint_dir.tokenizer_path(run_directory(src))
+    model.save_pretrained(out_dir, tokenizer=tokenizer)
+    return model.config

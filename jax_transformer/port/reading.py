@@ -1,0 +1,96 @@
+"""Reading source weights: safetensors, or torch pickles opened safely.
+
+Pickles are read with `torch.load(weights_only=True)`, so a checkpoint cannot
+run code; safetensors need no torch at all. Converters take tensors out of a
+`TensorConsumer`, which names every tensor nobody asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from transformer_core.errors import InputError, listing
+
+
+class PortError(InputError):
+    """The source checkpoint cannot be converted faithfully; the message says why."""
+
+
+def read_weights(path: str | Path) -> dict[str, np.ndarray]:
+    """A flat {name: numpy array} from .safetensors or a pickled torch state dict.
+
+    Pickles are opened with `torch.load(weights_only=True)`: tensors and plain
+    containers only, no code. A dict wrapping the state dict under "state_dict"
+    or "model" is unwrapped.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PortError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        import safetensors.numpy
+        try:
+            return dict(safetensors.numpy.load_file(path))
+        except (TypeError, ValueError):  # e.g. bfloat16, which numpy lacks: go through torch
+            import safetensors.torch
+            return {k: torch_to_numpy(v) for k, v in safetensors.torch.load_file(path).items()}
+    obj = torch_load(path)
+    if isinstance(obj, Mapping):
+        for wrapper in ("state_dict", "model"):
+            if isinstance(obj.get(wrapper), Mapping):
+                obj = obj[wrapper]
+                break
+    if not isinstance(obj, Mapping):
+        raise PortError(f"{path} holds a {type(obj).__name__}, not a state dict")
+    tensors = {}
+    for key, value in obj.items():
+        if not hasattr(value, "detach"):
+            raise PortError(f"{path}: entry {key!r} is a {type(value).__name__}, not a tensor")
+        tensors[key] = torch_to_numpy(value)
+    return tensors
+
+
+def torch_load(path: Path):
+    try:
+        import torch
+    except ImportError as e:
+        raise PortError(f"reading {path} needs torch (pip install '.[torch]')") from e
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError and friends
+        raise PortError(f"cannot read {path} with torch.load(weights_only=True) (pickles that "
+                        f"need code to load are refused): {e}") from e
+
+
+def torch_to_numpy(tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if str(tensor.dtype) in ("torch.bfloat16", "torch.float16"):
+        tensor = tensor.float()
+    return tensor.numpy().copy()
+
+
+class TensorConsumer:
+    """Pops source tensors by name and reports the ones nobody asked for."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], source: str):
+        self.tensors, self.source, self.used = dict(tensors), source, set()
+
+    def __contains__(self, key):
+        return key in self.tensors
+
+    def take(self, key: str) -> np.ndarray:
+        if key not in self.tensors:
+            raise PortError(f"{self.source} has no tensor {key!r}")
+        self.used.add(key)
+        return self.tensors[key]
+
+    def ignore(self, key: str) -> None:
+        self.used.add(key)
+
+    def check_all_used(self, hint: str = "") -> None:
+        left = sorted(set(self.tensors) - self.used)
+        if left:
+            raise PortError(f"{self.source} has tensors this converter does not understand: "
+                            f"{listing(left)}{hint}")

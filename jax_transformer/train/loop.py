@@ -1,0 +1,289 @@
+"""The training run behind train.py: data, model, loop, checkpoints, evaluation, export.
+
+Resuming: a work directory that holds checkpoints is resumed from the latest
+one with the same settings, tokenizer, data order and dropout stream, so the
+losses continue exactly as in an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from jax_transformer import translate
+from jax_transformer.cli import Interrupted, RunFailed
+from jax_transformer.data import corpora
+from jax_transformer.data.batching import BucketedBatches, encode_pairs, train_tokenizer
+from jax_transformer.model import Transformer
+from jax_transformer.train import evaluation, plots
+from jax_transformer.train.checkpoints import Checkpointer
+from jax_transformer.train.settings import (DataSettings, ModelSettings, TrainError, TrainSettings,
+                                            recorded)
+from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
+from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE
+from transformer_core.config import TransformerConfig
+from transformer_core.tokenizer import Tokenizer
+
+
+class TrainingDiverged(RunFailed):
+    """The loss or the gradient norm became non-finite."""
+
+
+def log(message: str) -> None:
+    if jax.process_index() == 0:
+        tqdm.write(message, file=sys.stderr)
+
+
+def check_run_settings(workdir: Path, settings: dict, resuming: bool) -> None:
+    """Record the settings of a new run (`settings.recorded`); refuse to resume one
+    with other settings."""
+    path = workdir / "run_args.json"
+    if resuming and path.exists():
+        saved = json.loads(path.read_text())
+        changed = sorted(k for k in settings if saved.get(k) != settings[k])
+        if changed:
+            detail = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} -> {settings[k]!r}"
+                               for k in changed)
+            raise TrainError(f"{workdir} holds a run with other settings ({detail}); "
+                             "resume with the same flags or use a new --workdir")
+    elif jax.process_index() == 0:
+        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def load_corpus(data: DataSettings, seed: int) -> dict[str, list[tuple[str, str]]]:
+    if data.builtin:
+        splits = corpora.number_corpus(data.src_lang, data.tgt_lang, num_train=data.num_train,
+                                       num_dev=data.num_dev, num_test=data.num_test,
+                                       max_number=data.max_number, seed=seed)
+        log(f"corpus: {data.src_lang}->{data.tgt_lang} number words, "
+            + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+        return splits
+    if data.columns_path:
+        pairs, report = corpora.read_columns(data.columns_path, data.src_column, data.tgt_column)
+    else:
+        pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
+    log(f"corpus: {report}")
+    given = {}
+    for split in ("dev", "test"):
+        src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
+        if src:
+            given[split], report = corpora.read_parallel_text(src, tgt)
+            log(f"{split}: {report}")
+    held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
+                                     0 if "test" in given else data.num_test, seed=seed)
+    return {**held_out, **given}
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object per line. On resume, lines past the restored
+    step are dropped, so the file reads as if the run had never stopped."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path = path
+        self.enabled = jax.process_index() == 0
+        if self.enabled:
+            kept = []
+            if resume_step and path.exists():
+                kept = [line for line in path.read_text().splitlines()
+                        if json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+            self.file = path.open("a", buffering=1)
+
+    def write(self, **record) -> None:
+        if self.enabled:
+            self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+
+
+def run(data_settings: DataSettings, model_settings: ModelSettings,
+        settings: TrainSettings) -> dict:
+    """Train (or resume) in `settings.workdir`, then export and evaluate; returns eval.json's
+    contents plus "train_seconds"."""
+    if settings.distributed:
+        jax.distributed.initialize()
+    workdir = Path(settings.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpointer = Checkpointer(workdir, keep=settings.keep)
+    resuming = checkpointer.latest_step() is not None
+    check_run_settings(workdir, recorded(data_settings, model_settings, settings), resuming)
+
+    splits = load_corpus(data_settings, settings.seed)
+    tokenizer = load_tokenizer(workdir, splits["train"], data_settings, settings.seed, resuming)
+    data = make_batches(splits, tokenizer, data_settings, settings.seed)
+
+    config_path = workdir / CONFIG_FILE
+    if resuming and config_path.exists():
+        config = TransformerConfig.from_json(config_path)
+    else:
+        config = model_settings.config(tokenizer.vocab_size, data_settings.max_len)
+        if jax.process_index() == 0:
+            config.to_json(config_path)
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
+    model = Transformer(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
+                        param_dtype=jnp.float32)
+    schedule = paper_schedule(config.d_model, settings.warmup, settings.lr_scale)
+    trainer = Trainer(model, make_optimizer(schedule, settings.clip_norm),
+                      settings.label_smoothing)
+    num_params = sum(p.size for p in jax.tree.leaves(trainer.initial_state.params))
+    log(f"model: {num_params / 1e6:.2f}M parameters, d_model {config.d_model}, "
+        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, {settings.dtype} "
+        f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
+
+    started = time.time()
+    state = train(trainer, schedule, checkpointer, data, settings, resuming)
+    train_seconds = time.time() - started
+    summary = finish(settings, workdir, trainer, state, tokenizer, splits, data)
+    summary["train_seconds"] = round(train_seconds, 1)
+    checkpointer.close()
+    return summary
+
+
+def load_tokenizer(workdir: Path, pairs, data: DataSettings, seed: int,
+                   resuming: bool) -> Tokenizer:
+    """The run's tokenizer: trained once on the training pairs, reused on resume."""
+    path = workdir / TOKENIZER_FILE
+    if resuming and path.exists():
+        tokenizer = Tokenizer(path)
+    else:
+        tokenizer = train_tokenizer(pairs, path, vocab_size=data.vocab_size,
+                                    model_type=data.tokenizer_type, seed=seed)
+    log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
+    return tokenizer
+
+
+def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
+                 seed: int) -> dict[str, BucketedBatches]:
+    batches = {}
+    for split, pairs in splits.items():
+        src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=data.max_len)
+        if report.skipped:
+            log(f"{split}: {report}")
+        batches[split] = BucketedBatches(src_ids, tgt_ids, data.max_tokens,
+                                         batch_multiple=jax.device_count(),
+                                         shuffle=split == "train", seed=seed)
+    log("train batch shapes (rows, source length, target length): "
+        + ", ".join(map(str, batches["train"].shapes())))
+    return batches
+
+
+def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
+          data: dict[str, BucketedBatches], settings: TrainSettings, resuming: bool):
+    """The loop: steps up to `settings.steps`, metrics, evaluations, checkpoints.
+    Returns the final state, saved."""
+    state = trainer.initial_state
+    batches = data["train"].iterator()
+    if resuming:
+        state, data_state = checkpointer.restore(state)
+        batches.set_state(data_state)
+        log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
+    start_step = int(state.step)
+    metrics_log = MetricsLog(Path(settings.workdir) / "metrics.jsonl", start_step)
+    started = time.time()
+    last_saved = start_step if resuming else None
+    progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
+                    disable=settings.quiet or jax.process_index() != 0, dynamic_ncols=True)
+    try:
+        while int(state.step) < settings.steps:
+            step_started = time.time()
+            micro_batches = [trainer.shard_batch(next(batches))
+                             for _ in range(settings.accumulate)]
+            if settings.accumulate == 1:
+                state, metrics = trainer.train_step(state, micro_batches[0])
+            else:
+                state, metrics = trainer.accumulate(state, micro_batches)
+            step = int(state.step)
+            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                where = (f"the last good checkpoint is step {last_saved} in "
+                         f"{checkpointer.manager.directory}" if last_saved is not None
+                         else "no checkpoint was written")
+                raise TrainingDiverged(f"loss {loss} / gradient norm {grad_norm} at step "
+                                       f"{step}: stopping; {where}")
+            tokens = int(metrics["tokens"])
+            lr = float(schedule(step - 1))
+            tokens_per_s = tokens / max(time.time() - step_started, 1e-9)
+            metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=tokens,
+                              tokens_per_s=round(tokens_per_s, 1),
+                              elapsed=round(time.time() - started, 3))
+            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+            progress.update(1)
+            if step % settings.eval_every == 0 or step == settings.steps:
+                dev = evaluation.heldout_loss(trainer, state, data["dev"])
+                metrics_log.write(step=step, dev_loss=dev["loss"],
+                                  dev_perplexity=dev["perplexity"])
+                log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
+                    f"dev perplexity {dev['perplexity']:.3f}")
+            if step % settings.checkpoint_every == 0 or step == settings.steps:
+                checkpointer.save(state, batches.get_state())
+                last_saved = step
+    except KeyboardInterrupt:
+        progress.close()
+        if int(state.step) != last_saved:
+            checkpointer.save(state, batches.get_state())
+        checkpointer.wait()
+        raise Interrupted(f"interrupted: saved step {int(state.step)}; run the same command "
+                          "to resume") from None
+    except TrainingDiverged:
+        progress.close()
+        checkpointer.wait()
+        raise
+    progress.close()
+    checkpointer.wait()
+    metrics_log.close()
+    return state
+
+
+def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
+           tokenizer: Tokenizer, splits, data) -> dict:
+    """Export the model, evaluate on the held-out sets, write eval.json and the figures."""
+    model = trainer.model(state)
+    config = model.config
+    if jax.process_index() == 0:
+        model.save_pretrained(workdir / "export", tokenizer=tokenizer.path)
+        log(f"exported {workdir / 'export'} (config.json, model.safetensors, tokenizer.model)")
+
+    results = {"step": int(state.step), "decoding": f"beam {settings.beam}" if settings.beam > 1
+               else "greedy"}
+    for split in ("dev", "test"):
+        results[split] = evaluation.heldout_loss(trainer, state, data[split])
+    sources = [s for s, _ in splits["test"]]
+    references = [t for _, t in splits["test"]]
+    started = time.time()
+    hypotheses = translate.translate_lines(sources, model, tokenizer, beam=settings.beam,
+                                           batch_size=settings.decode_batch_size)
+    results["test"].update(evaluation.translation_metrics(hypotheses, references))
+    results["test"]["decode_seconds"] = round(time.time() - started, 1)
+    results["samples"] = [{"source": s, "reference": r, "translation": h}
+                          for s, r, h in zip(sources[: settings.samples], references,
+                                             hypotheses)]
+    if jax.process_index() != 0:
+        return results
+
+    (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    plots.loss_curve(workdir / "metrics.jsonl", workdir / "loss.png")
+    source, translation = sources[0], hypotheses[0]
+    src_ids = np.array([tokenizer.encode(source) + [config.eos_id]], np.int32)
+    tgt_ids = np.array([[config.bos_id] + tokenizer.encode(translation)], np.int32)
+    _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
+    piece = tokenizer.sp.IdToPiece
+    plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
+                            [piece(int(i)) for i in src_ids[0]],
+                            [piece(int(i)) for i in tgt_ids[0]], workdir / "attention.png",
+                            f"last decoder layer's cross-attention: {source!r}")
+    for sample in results["samples"]:
+        mark = "ok " if sample["translation"] == sample["reference"] else "   "
+        log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
+            f" (reference {sample['reference']!r})")
+    return results

@@ -1,0 +1,114 @@
+"""The settings of a training run, as typed, frozen configs.
+
+train.py parses its flags into these three at the boundary; the run reads only
+them. Field names are the flags' (`--d-model` -> `d_model`), and run_args.json
+records them flat under those names, so a resumed run can be checked flag by flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformer_core.config import TransformerConfig
+from transformer_core.errors import InputError
+from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+class TrainError(InputError):
+    """A training run cannot start as asked (settings, work directory)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """The corpus, its tokenizer and its batches. No paths: the built-in number corpus."""
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    num_train: int = 50_000
+    max_number: int = 1_000_000
+    src_path: str | None = None
+    tgt_path: str | None = None
+    columns_path: str | None = None
+    src_column: str = "source"
+    tgt_column: str = "target"
+    dev_src_path: str | None = None
+    dev_tgt_path: str | None = None
+    test_src_path: str | None = None
+    test_tgt_path: str | None = None
+    num_dev: int = 1000
+    num_test: int = 1000
+    tokenizer_type: str = "unigram"
+    vocab_size: int = 8000
+    max_len: int = 256
+    max_tokens: int = 4096  # per micro-batch, padding included
+
+    def __post_init__(self):
+        for split in ("", "dev_", "test_"):
+            src, tgt = getattr(self, f"{split}src_path"), getattr(self, f"{split}tgt_path")
+            if bool(src) != bool(tgt):
+                raise TrainError(f"--{split.replace('_', '-')}src-path and "
+                                 f"--{split.replace('_', '-')}tgt-path go together")
+
+    @property
+    def builtin(self) -> bool:
+        return not (self.src_path or self.columns_path)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The model's size and variant; the vocabulary comes from the tokenizer."""
+    d_model: int = 128
+    heads: int = 4
+    d_ff: int = 512
+    layers: int = 3
+    dropout: float = 0.1
+    pre_norm: bool = False  # pre-LN with final norms instead of the paper's post-LN
+
+    def config(self, vocab_size: int, max_len: int) -> TransformerConfig:
+        return TransformerConfig(
+            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=self.d_model,
+            num_heads=self.heads, d_ff=self.d_ff, num_encoder_layers=self.layers,
+            num_decoder_layers=self.layers, dropout=self.dropout, max_len=max_len,
+            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, pre_norm=self.pre_norm,
+            final_norm=self.pre_norm)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation, checkpoints, evaluation and output."""
+    workdir: str = "runs/numbers"
+    steps: int = 1200
+    warmup: int = 400
+    lr_scale: float = 1.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    accumulate: int = 1
+    dtype: str = "float32"
+    seed: int = 0  # the corpus split, data order, initialisation and dropout
+    checkpoint_every: int = 200
+    keep: int = 3
+    eval_every: int = 200
+    beam: int = 1
+    decode_batch_size: int = 250
+    samples: int = 5
+    distributed: bool = False
+    quiet: bool = False
+
+
+# Settings that only steer how long / how visibly a run goes; the others must
+# match when a work directory is resumed.
+RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
+                               "beam", "decode_batch_size", "samples", "distributed", "quiet"})
+
+
+def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:
+    """What run_args.json holds: every setting a resumed run must repeat."""
+    values = {**dataclasses.asdict(data), **dataclasses.asdict(model),
+              **dataclasses.asdict(train)}
+    return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
+
+
+def from_flags(values: dict) -> tuple[DataSettings, ModelSettings, TrainSettings]:
+    """Split parsed flags (argparse's vars(args)) into the three settings."""
+    def pick(cls):
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    return pick(DataSettings), pick(ModelSettings), pick(TrainSettings)

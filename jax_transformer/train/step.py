@@ -1,0 +1,180 @@
+"""Training maths and jit-compiled steps.
+
+The label-smoothed loss, the paper's learning-rate schedule, Adam(0.9, 0.98,
+1e-9) with optional global-norm clipping (optax), exact gradient accumulation,
+and train/eval steps compiled once per batch shape with buffers donated.
+Data parallelism: a 1-D device mesh with a "data" axis; the batch is sharded
+over it, parameters and optimizer state are replicated, and XLA inserts the
+gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_transformer.model import Transformer
+
+
+def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
+    """Cross-entropy against (1 - smoothing) * one_hot + smoothing / V, summed over
+    the non-pad labels. Returns (loss_sum, num_tokens); the loss is their ratio.
+
+    logits (B, T, V), labels (B, T). Same definition as torch's
+    F.cross_entropy(label_smoothing=..., ignore_index=pad_id).
+    """
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    # -sum_v target_v * log_softmax(logits)_v with target = (1 - s) one_hot + s / V,
+    # written without materialising the (B, T, V) one-hot and target arrays.
+    log_normalizer = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]  # (B, T)
+    per_token = (log_normalizer - (1.0 - smoothing) * label_logits
+                 - smoothing * jnp.mean(logits, axis=-1))  # (B, T)
+    weights = labels != pad_id
+    return jnp.sum(per_token * weights), jnp.sum(weights)
+
+
+def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
+    """lr(step) = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step from 1.
+
+    optax counts updates from 0, so update n uses step n + 1.
+    """
+    def schedule(count):
+        step = jnp.asarray(count, dtype=float) + 1.0  # float64 under jax_enable_x64
+        return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+    return schedule
+
+
+def make_optimizer(schedule, clip_norm: float | None = None) -> optax.GradientTransformation:
+    """Adam(0.9, 0.98, eps 1e-9) as in the paper, after optional global-norm clipping."""
+    adam = optax.adam(schedule, b1=0.9, b2=0.98, eps=1e-9)
+    if clip_norm:
+        return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
+    return adam
+
+
+def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
+    """A 1-D mesh over all (or the given) devices with one "data" axis, in automatic
+    sharding mode: XLA propagates shardings from the sharded batch."""
+    devices = devices if devices is not None else jax.devices()
+    return jax.make_mesh((len(devices),), ("data",), devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,))
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Everything a step reads and writes, as pytrees (what orbax saves)."""
+    step: jax.Array
+    params: nnx.State  # nnx.Param variables
+    rngs: nnx.State  # dropout RNG counters: resuming continues the same random stream
+    opt_state: Any
+
+
+jax.tree_util.register_dataclass(TrainState, data_fields=["step", "params", "rngs", "opt_state"],
+                                 meta_fields=[])
+
+
+class Trainer:
+    """Owns the model's graph definition, the optimizer and the compiled steps.
+
+    `train_step(state, batch)` and `eval_step(state, batch)` take batches of
+    {"src", "tgt_in", "tgt_out"} int32 arrays (B, L). jit compiles once per
+    batch shape; the data pipeline uses a small fixed set of shapes.
+    """
+
+    def __init__(self, model: Transformer, optimizer: optax.GradientTransformation,
+                 label_smoothing: float = 0.1, mesh: jax.sharding.Mesh | None = None):
+        self.graphdef, params, rngs = nnx.split(model, nnx.Param, nnx.RngState)
+        self.pad_id = model.config.pad_id
+        self.optimizer = optimizer
+        self.label_smoothing = label_smoothing
+        self.mesh = mesh or data_parallel_mesh()
+        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+        self.initial_state = jax.device_put(
+            TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs,
+                       opt_state=optimizer.init(params)), self.replicated)
+        self.train_step = jax.jit(self._train_step, donate_argnums=0)
+        self.grad_step = jax.jit(self._grad_step, donate_argnums=1)
+        self.apply_step = jax.jit(self._apply_step, donate_argnums=(0, 1))
+        self.eval_step = jax.jit(self._eval_step)
+
+    def model(self, state: TrainState, deterministic: bool = True) -> Transformer:
+        model = nnx.merge(self.graphdef, state.params, state.rngs)
+        return nnx.view(model, deterministic=deterministic)
+
+    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Put a host batch on the devices, split along the batch axis.
+
+        With several hosts, each passes the same global batch and contributes its
+        own slice of rows (every host builds the same deterministic batch plan).
+        """
+        if jax.process_count() == 1:
+            return jax.device_put(batch, self.batch_sharding)
+        rows = next(iter(batch.values())).shape[0] // jax.process_count()
+        start = jax.process_index() * rows
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding,
+                                                          v[start:start + rows])
+                for k, v in batch.items()}
+
+    # ------------------------------------------------------------------ steps
+
+    def _loss_sum(self, model: Transformer, batch, deterministic: bool):
+        logits = nnx.view(model, deterministic=deterministic)(batch["src"], batch["tgt_in"])
+        return label_smoothed_cross_entropy(logits, batch["tgt_out"], self.pad_id,
+                                            self.label_smoothing)  # (loss_sum, num_tokens)
+
+    def _gradients(self, state: TrainState, batch):
+        """Gradient of the summed loss (not yet divided by the token count)."""
+        model = nnx.merge(self.graphdef, state.params, state.rngs)
+        (loss_sum, num_tokens), grad_sum = nnx.value_and_grad(
+            lambda m: self._loss_sum(m, batch, False), has_aux=True)(model)
+        return loss_sum, num_tokens, grad_sum, nnx.state(model, nnx.RngState)
+
+    def _update(self, state: TrainState, grad_sum, loss_sum, num_tokens, rngs):
+        """Normalise by the tokens seen and apply one optimizer update."""
+        num_tokens = jnp.maximum(num_tokens, 1)
+        grads = jax.tree.map(lambda g: g / num_tokens.astype(g.dtype), grad_sum)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss_sum / num_tokens, "tokens": num_tokens,
+                   "grad_norm": optax.tree.norm(grads)}
+        return TrainState(state.step + 1, params, rngs, opt_state), metrics
+
+    def _train_step(self, state: TrainState, batch):
+        loss_sum, num_tokens, grad_sum, rngs = self._gradients(state, batch)
+        return self._update(state, grad_sum, loss_sum, num_tokens, rngs)
+
+    # Gradient accumulation: grad_step over k micro-batches sums gradients, losses
+    # and token counts; apply_step then normalises once by the total token count,
+    # so k micro-batches give exactly the gradient of one batch holding them all.
+    def _grad_step(self, state: TrainState, accumulated, batch):
+        loss_sum, num_tokens, grad_sum, rngs = self._gradients(state, batch)
+        grads, losses, tokens = accumulated
+        state = dataclasses.replace(state, rngs=rngs)
+        return state, (jax.tree.map(jnp.add, grads, grad_sum), losses + loss_sum,
+                       tokens + num_tokens)
+
+    def _apply_step(self, state: TrainState, accumulated):
+        grad_sum, loss_sum, num_tokens = accumulated
+        return self._update(state, grad_sum, loss_sum, num_tokens, state.rngs)
+
+    def _eval_step(self, state: TrainState, batch):
+        model = nnx.merge(self.graphdef, state.params, state.rngs)
+        loss_sum, num_tokens = self._loss_sum(model, batch, True)
+        return {"loss_sum": loss_sum, "tokens": num_tokens}
+
+    def accumulate(self, state: TrainState, batches) -> tuple[TrainState, dict]:
+        """One optimizer update from several micro-batches (each may have its own shape)."""
+        accumulated = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+                       jnp.zeros((), jnp.int32))
+        for batch in batches:
+            state, accumulated = self.grad_step(state, accumulated, batch)
+        return self.apply_step(state, accumulated)

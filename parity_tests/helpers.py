@@ -1,0 +1,132 @@
+"""What the parity tests share: config variants, model pairs with copied weights,
+test batches, comparisons. Imported by tests; fixtures live in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from flax import nnx
+
+from transformer_core.config import TransformerConfig
+from jax_transformer.model import Transformer as FlaxTransformer
+from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
+from torch_reference.model import Transformer as TorchTransformer
+
+# Small models covering every variant the config can express. dropout > 0 so
+# that eval mode is really exercised.
+BASE = TransformerConfig(src_vocab_size=37, tgt_vocab_size=37, d_model=32, num_heads=4, d_ff=48,
+                         num_encoder_layers=2, num_decoder_layers=2, dropout=0.1, max_len=64)
+CONFIGS = {
+    "post_ln": BASE,
+    "post_ln_final_norm": BASE.replace(final_norm=True),
+    "pre_ln": BASE.replace(pre_norm=True),
+    "pre_ln_final_norm": BASE.replace(pre_norm=True, final_norm=True),
+    "untied": BASE.replace(tie_output=False),
+    "untied_bias": BASE.replace(tie_output=False, output_bias=True),
+    "tied_bias": BASE.replace(output_bias=True),
+    "unshared": BASE.replace(share_embeddings=False, tie_output=False, tgt_vocab_size=41),
+    "unshared_tied": BASE.replace(share_embeddings=False, tgt_vocab_size=29),
+    "gelu": BASE.replace(activation="gelu"),
+    "silu_half_split": BASE.replace(activation="silu", position_layout="half_split",
+                                    output_bias=True),
+    "unscaled_eps": BASE.replace(scale_embeddings=False, layer_norm_eps=1e-6),
+    "odd_width": BASE.replace(d_model=15, num_heads=3, d_ff=23),
+    "odd_width_half_split": BASE.replace(d_model=21, num_heads=7, d_ff=11,
+                                         position_layout="half_split"),
+    "one_layer": BASE.replace(num_encoder_layers=1, num_decoder_layers=1),
+    "three_layers": BASE.replace(num_encoder_layers=3, num_decoder_layers=3, pre_norm=True,
+                                 final_norm=True),
+}
+DIRECTIONS = ("flax_to_torch", "torch_to_flax")
+
+DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torch.float64)}
+
+
+@contextlib.contextmanager
+def precision(name: str):
+    """float64 needs jax_enable_x64 before any array is made; scope it to the test."""
+    with jax.enable_x64(name == "float64"):
+        yield DTYPES[name]
+
+
+# Weight matrices and embeddings are random at init already; biases and LayerNorm
+# parameters start at constants (0 / 1), so a mis-copied one would go unseen. Noise
+# on those vectors only keeps activations at init scale: the float32 bounds are
+# absolute, and each side's own float32 error is ~2e-7 of the logits' magnitude.
+def perturb_flax(model: FlaxTransformer, seed: int) -> None:
+    """Add noise to every bias and LayerNorm parameter."""
+    params = nnx.state(model, nnx.Param)
+    key = jax.random.key(seed)
+    for i, (_, variable) in enumerate(nnx.to_flat_state(params)):
+        value = variable.get_value()
+        if value.ndim != 1:
+            continue
+        noise = jax.random.normal(jax.random.fold_in(key, i), value.shape, value.dtype)
+        variable.set_value(value + 0.1 * noise)
+    nnx.update(model, params)
+
+
+def perturb_torch(model: TorchTransformer, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0):
+    """A Flax model in eval mode and a torch model in eval mode with the same weights,
+    initialised on one side and copied to the other."""
+    jax_dtype, torch_dtype = dtypes
+    flax_model = FlaxTransformer(config, rngs=nnx.Rngs(seed), dtype=jax_dtype,
+                                 param_dtype=jax_dtype)
+    torch.manual_seed(seed)
+    torch_model = TorchTransformer(config).to(torch_dtype)
+    if direction == "flax_to_torch":
+        perturb_flax(flax_model, seed)
+        state_dict = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}
+        torch_model.load_state_dict(state_dict)
+    else:
+        perturb_torch(torch_model, seed)
+        load_torch_state_dict(flax_model, torch_model.state_dict())
+    return nnx.view(flax_model, deterministic=True), torch_model.eval()
+
+
+def make_batches(config: TransformerConfig, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(src, tgt_in) id batches: padded with unequal lengths, batch size 1, length 1."""
+    rng = np.random.default_rng(seed)
+
+    def ids(vocab, shape):
+        return rng.integers(4, vocab, size=shape)
+
+    src = ids(config.src_vocab_size, (3, 9))
+    src[0, 5:] = config.pad_id
+    src[1, 2:] = config.pad_id
+    tgt = ids(config.tgt_vocab_size, (3, 6))
+    tgt[:, 0] = config.bos_id
+    tgt[0, 4:] = config.pad_id
+    tgt[2, 1:] = config.pad_id
+    return {
+        "padded": (src, tgt),
+        "batch1": (ids(config.src_vocab_size, (1, 5)), ids(config.tgt_vocab_size, (1, 7))),
+        "len1": (ids(config.src_vocab_size, (2, 1)), ids(config.tgt_vocab_size, (2, 1))),
+    }
+
+
+def to_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def assert_close(actual, expected, atol: float, what: str) -> None:
+    actual, expected = to_numpy(actual), to_numpy(expected)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert np.all(np.isfinite(actual)) and np.all(np.isfinite(expected)), f"{what}: not finite"
+    diff = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)),
+                        initial=0.0))
+    assert diff <= atol, f"{what}: max |diff| {diff:.3g} > {atol:g}"

@@ -1,0 +1,135 @@
+"""`python -m jax_transformer.parity`: the layer-by-layer report, and that it fails when it should."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_reference
+from jax_transformer import parity, pretrained
+from transformer_core.config import TransformerConfig
+from transformer_core.tokenizer import Tokenizer
+
+CONFIG = TransformerConfig(src_vocab_size=100, tgt_vocab_size=100, d_model=32, num_heads=4,
+                           d_ff=64, num_encoder_layers=2, num_decoder_layers=2, max_len=64,
+                           activation="silu", position_layout="half_split", output_bias=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("parity") / "ckpt"
+    torch.manual_seed(0)
+    model = torch_reference.Transformer(CONFIG)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return directory
+
+
+# The port tests' batch shapes: JAX compiles each op once per shape, per process.
+SHAPE_ARGS = ["--src-len", "8", "--tgt-len", "6"]
+
+
+def run(checkpoint):
+    src, tgt = parity.generated_batch(CONFIG, 2, 8, 6)
+    return parity.run(checkpoint, src=src, tgt=tgt)
+
+
+def rows_of(report):
+    return {r.name: r for r in report.rows}
+
+
+def test_report_passes_and_covers_every_layer(checkpoint, capsys):
+    assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "float32: PASS" in out and "float64: PASS" in out and "parity: PASS" in out
+    for stack, n in (("encoder", 2), ("decoder", 2)):
+        for i in range(n):
+            assert f"{stack}.layers.{i}.self_attn.weights" in out
+            assert f"{stack}.layers.{i}.self_attn.out" in out
+            assert f"{stack}.layers.{i}.out" in out
+    assert "decoder.layers.1.cross_attn.weights" in out and "decoder.layers.1.cross_attn.out" in out
+    assert "decoder.out" in out and "logits" in out
+
+
+def test_float64_is_really_float64(checkpoint):
+    f32, f64 = run(checkpoint)
+    logits32, logits64 = rows_of(f32)["logits"], rows_of(f64)["logits"]
+    assert 0 < logits32.max_abs <= 1e-4
+    assert logits64.max_abs <= 1e-12  # float32 would give ~1e-6
+
+
+def perturb_jax_loader(monkeypatch, key_path, scale=0.05):
+    """Make the Flax side load one parameter slightly wrong."""
+    real = pretrained.load_pretrained
+
+    def load(model_class, directory, **kwargs):
+        model = real(model_class, directory, **kwargs)
+        module = model
+        for part in key_path[:-1]:
+            module = module[part] if isinstance(part, int) else getattr(module, part)
+        param = getattr(module, key_path[-1])
+        param.set_value(param[...] + scale)
+        return model
+
+    monkeypatch.setattr(pretrained, "load_pretrained", load)
+
+
+def test_first_diverging_layer_is_flagged(checkpoint, monkeypatch, capsys):
+    perturb_jax_loader(monkeypatch, ("decoder", "layers", 1, "cross_attn", "W_k", "kernel"))
+    assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 1
+    out = capsys.readouterr().out
+    flagged = [line for line in out.splitlines() if "first over tolerance" in line]
+    assert len(flagged) == 2  # once per dtype
+    assert all(line.split()[0] == "decoder.layers.1.cross_attn.weights" for line in flagged)
+    assert "parity: FAIL" in out
+    reports = run(checkpoint)
+    rows = rows_of(reports[1])
+    assert rows["decoder.layers.0.out"].ok and rows["encoder.out"].ok
+    assert not rows["logits"].ok
+
+
+def test_layer_norm_epsilon_mismatch_fails_in_float64(checkpoint, monkeypatch):
+    """Flax's default epsilon (1e-6) against torch's 1e-5: invisible in float32 at this
+    size, caught in float64, at the first LayerNorm (post-LN: after layer 0's attention)."""
+    real = pretrained.load_pretrained
+
+    def load(model_class, directory, **kwargs):
+        model = real(model_class, directory, **kwargs)
+        for layer in model.encoder.layers:
+            layer.self_attn_norm.epsilon = 1e-6
+        return model
+
+    monkeypatch.setattr(pretrained, "load_pretrained", load)
+    f32, f64 = run(checkpoint)
+    assert not f64.ok
+    assert f64.first_failure.name == "encoder.layers.0.out"
+
+
+def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
+    text = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+            "hello world how are you today"] * 20
+    tok = Tokenizer.train(text, tmp_path / "spm.model", vocab_size=60)
+    torch.manual_seed(1)
+    torch_reference.Transformer(CONFIG).save_pretrained(tmp_path / "ckpt",
+                                                         tokenizer=tok.path)
+    (tmp_path / "sents.txt").write_text("the lazy dog\n\nhello brown fox today\n")
+    src, tgt = parity.sentence_batch(tmp_path / "ckpt", CONFIG,
+                                     ["the lazy dog", "hello brown fox today"])
+    assert src[0].tolist()[: len(tok.encode("the lazy dog")) + 1] == \
+        tok.encode("the lazy dog") + [CONFIG.eos_id]
+    assert (tgt[:, 0] == CONFIG.bos_id).all()
+    assert parity.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "sents.txt"),
+                        "--dtypes", "float32"]) == 0
+    assert "2 sentence(s)" in capsys.readouterr().out
+
+
+def test_cli_exit_codes(tmp_path):
+    """The real entry point: 2 for a bad checkpoint (0 and 1 are checked through main above)."""
+    missing = subprocess.run([sys.executable, "-m", "jax_transformer.parity",
+                              str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr

@@ -1,0 +1,188 @@
+"""The checkpoint directory: bit-exact round trips and clear errors, never a half-loaded model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+
+from transformer_core import checkpoint_dir
+from transformer_core.checkpoint_dir import CheckpointError
+from jax_transformer.model import Transformer as FlaxTransformer
+from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
+from parity_tests.helpers import CONFIGS, build_pair, precision
+from torch_reference.model import Transformer as TorchTransformer
+
+CONFIG = CONFIGS["untied_bias"]
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def flax_params(model) -> dict[str, np.ndarray]:
+    return {k: v.copy() for k, v in to_torch_state_dict(model).items()}
+
+
+def assert_bit_exact(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        x, y = np.asarray(a[key]), np.asarray(b[key])
+        assert x.dtype == y.dtype, key
+        np.testing.assert_array_equal(x, y, err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["post_ln", "untied_bias", "unshared", "pre_ln_final_norm"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_round_trip_is_bit_exact(tmp_path, name, dtype):
+    """Flax -> dir -> torch -> dir -> Flax gives back the very same bits."""
+    with precision(dtype) as dtypes:
+        flax_model, _ = build_pair(CONFIGS[name], "flax_to_torch", dtypes)
+        original = flax_params(flax_model)
+        flax_model.save_pretrained(tmp_path / "a")
+        torch_model = TorchTransformer.from_pretrained(tmp_path / "a")
+        assert next(torch_model.parameters()).dtype == dtypes[1]
+        torch_model.save_pretrained(tmp_path / "b")
+        restored = FlaxTransformer.from_pretrained(tmp_path / "b")
+        assert_bit_exact(original, flax_params(restored))
+        assert_bit_exact(safetensors.numpy.load_file(tmp_path / "a" / checkpoint_dir.WEIGHTS_FILE),
+                         safetensors.numpy.load_file(tmp_path / "b" / checkpoint_dir.WEIGHTS_FILE))
+        assert checkpoint_dir.load_dir(tmp_path / "b")[0] == CONFIGS[name]
+
+
+def test_in_memory_conversion_both_ways():
+    with precision("float32") as dtypes:
+        flax_model, torch_model = build_pair(CONFIG, "torch_to_flax", dtypes)
+        torch_state = {k: v.numpy() for k, v in torch_model.state_dict().items()}
+        assert_bit_exact(torch_state, to_torch_state_dict(flax_model))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    with precision("float32") as dtypes:
+        flax_model, _ = build_pair(CONFIG, "flax_to_torch", dtypes)
+        flax_model.save_pretrained(tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def rewrite_weights(directory, edit):
+    path = directory / checkpoint_dir.WEIGHTS_FILE
+    tensors = safetensors.numpy.load_file(path)
+    edit(tensors)
+    safetensors.numpy.save_file(tensors, path)
+
+
+def load_with_both(directory):
+    """Every loader must refuse the same bad directory."""
+    for load in (checkpoint_dir.load_dir, FlaxTransformer.from_pretrained,
+                 TorchTransformer.from_pretrained):
+        with pytest.raises(CheckpointError) as info:
+            load(directory)
+        yield str(info.value)
+
+
+def test_missing_key(saved):
+    rewrite_weights(saved, lambda t: t.pop("decoder.layers.1.cross_attn.W_k.weight"))
+    for message in load_with_both(saved):
+        assert "missing keys: decoder.layers.1.cross_attn.W_k.weight" in message
+
+
+def test_unexpected_key(saved):
+    rewrite_weights(saved, lambda t: t.update(extra=np.zeros(3, np.float32)))
+    for message in load_with_both(saved):
+        assert "unexpected keys: extra" in message
+
+
+def test_shape_mismatch_names_key_and_both_shapes(saved):
+    def edit(t):
+        t["encoder.layers.0.ffn.W_1.weight"] = np.zeros((7, CONFIG.d_model), np.float32)
+    rewrite_weights(saved, edit)
+    for message in load_with_both(saved):
+        assert ("shape mismatch for encoder.layers.0.ffn.W_1.weight: checkpoint has "
+                f"(7, {CONFIG.d_model}), config expects ({CONFIG.d_ff}, {CONFIG.d_model})"
+                in message)
+
+
+def test_config_that_does_not_match_the_weights(saved):
+    values = json.loads((saved / checkpoint_dir.CONFIG_FILE).read_text())
+    values["num_decoder_layers"] = 3
+    values["d_ff"] = 64
+    (saved / checkpoint_dir.CONFIG_FILE).write_text(json.dumps(values))
+    for message in load_with_both(saved):
+        assert "missing keys: decoder.layers.2" in message
+        assert "shape mismatch for decoder.layers.0.ffn.W_1.weight" in message
+
+
+def test_invalid_config_names_the_field(saved):
+    values = json.loads((saved / checkpoint_dir.CONFIG_FILE).read_text())
+    values["num_heads"] = 5
+    (saved / checkpoint_dir.CONFIG_FILE).write_text(json.dumps(values))
+    for message in load_with_both(saved):
+        assert "num_heads" in message
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_or_truncated_file(saved, damage):
+    path = saved / checkpoint_dir.WEIGHTS_FILE
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x07" * 64,
+                      "empty": b""}[damage])
+    for message in load_with_both(saved):
+        assert "corrupt or truncated" in message
+
+
+def test_missing_files(tmp_path, saved):
+    for message in load_with_both(tmp_path / "nowhere"):
+        assert "does not exist" in message
+    (saved / checkpoint_dir.CONFIG_FILE).unlink()
+    for message in load_with_both(saved):
+        assert "has no config.json" in message
+
+
+def test_bad_state_dict_leaves_models_untouched():
+    """A failed load writes nothing: the check runs before the first copy."""
+    with precision("float32") as dtypes:
+        flax_model, torch_model = build_pair(CONFIG, "flax_to_torch", dtypes)
+        good = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}
+        bad = {k: torch.zeros_like(v) for k, v in good.items()}
+        bad["output_projection.weight"] = torch.zeros(3, 3)
+        before_flax, before_torch = flax_params(flax_model), {
+            k: v.clone() for k, v in torch_model.state_dict().items()}
+        with pytest.raises(CheckpointError, match="output_projection.weight"):
+            load_torch_state_dict(flax_model, bad)
+        with pytest.raises(CheckpointError, match="output_projection.weight"):
+            torch_model.load_state_dict(bad)
+        assert_bit_exact(before_flax, flax_params(flax_model))
+        for key, value in torch_model.state_dict().items():
+            assert torch.equal(value, before_torch[key]), key
+
+
+def test_save_is_atomic_and_leaves_no_temporary_files(saved):
+    names = sorted(p.name for p in saved.iterdir())
+    assert names == [checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE]
+
+
+def test_torch_reference_runs_without_jax(saved):
+    """torch_reference imports, runs and reads/writes the format with JAX unavailable."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["jax"] = None  # any `import jax` now raises ImportError
+        sys.modules["flax"] = None
+        import torch
+        from torch_reference import Transformer
+        model = Transformer.from_pretrained({str(saved)!r}).eval()
+        logits = model(torch.tensor([[5, 6, 7]]), torch.tensor([[2, 4]]))
+        assert logits.shape == (1, 2, {CONFIG.tgt_vocab_size})
+        model.save_pretrained({str(saved / "again")!r})
+        assert not any(m == "jax" or m.startswith("jax.") for m in sys.modules
+                       if sys.modules[m] is not None)
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

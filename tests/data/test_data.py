@@ -1,0 +1,268 @@
+"""Corpora, bad-data policy, tokenizer round trip, bucketing and exact resume."""
+
+import collections
+import json
+
+import numpy as np
+import pytest
+from num2words import num2words
+
+from jax_transformer.data import batching
+from jax_transformer.data.batching import (DEFAULT_BUCKETS, TOO_MANY_TOKENS, BucketedBatches,
+                                      encode_pairs, train_tokenizer)
+from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
+                                     cardinal_words, holdout_split, number_corpus,
+                                     read_columns, read_parallel_text, sample_numbers)
+from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+# --- Built-in corpus ----------------------------------------------------------------------
+
+def test_number_corpus_sizes_splits_and_determinism():
+    corpus = number_corpus(num_train=3000, num_dev=200, num_test=300, seed=1)
+    assert {split: len(pairs) for split, pairs in corpus.items()} == {
+        "train": 3000, "dev": 200, "test": 300}
+    sources = {split: {src for src, _ in pairs} for split, pairs in corpus.items()}
+    assert sum(map(len, sources.values())) == 3500  # every number once: splits are disjoint
+    assert corpus == number_corpus(num_train=3000, num_dev=200, num_test=300, seed=1)
+    assert corpus != number_corpus(num_train=3000, num_dev=200, num_test=300, seed=2)
+
+
+def test_number_corpus_pairs_are_right():
+    everything = number_corpus(num_train=900, num_dev=50, num_test=50, max_number=1000)
+    pairs = {pair for split in everything.values() for pair in split}
+    assert ("three hundred and forty-two", "dreihundertzweiundvierzig") in pairs
+    assert ("seven", "sieben") in pairs
+    french = number_corpus("en", "fr", num_train=90, num_dev=5, num_test=5, max_number=100)
+    assert ("twenty-one", "vingt et un") in {p for split in french.values() for p in split}
+
+
+def test_sample_numbers_spreads_over_digit_counts():
+    numbers = sample_numbers(6000, 10**6, np.random.default_rng(0))
+    assert len(set(numbers.tolist())) == 6000 and numbers.min() >= 0 and numbers.max() < 10**6
+    per_digit_count = collections.Counter(len(str(n)) for n in numbers)
+    # 1-3 digits are taken whole; the rest is shared by 4, 5 and 6 digits.
+    assert [per_digit_count[d] for d in (1, 2, 3)] == [10, 90, 900]
+    assert all(abs(per_digit_count[d] - 5000 / 3) <= 1 for d in (4, 5, 6))
+    with pytest.raises(CorpusError, match="distinct"):
+        sample_numbers(101, 100, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("lang", ["en", "de", "fr"])
+def test_fast_cardinal_words_equal_num2words(lang):
+    words = cardinal_words(lang, 10**6)
+    numbers = [0, 1, 100, 1000, 1001, 100_000, 999_999]
+    numbers += np.random.default_rng(0).integers(0, 10**6, 300).tolist()
+    assert [words(n) for n in numbers] == [num2words(n, lang=lang) for n in numbers]
+
+
+def test_unknown_language_names_the_available_ones():
+    with pytest.raises(CorpusError, match="no language 'xx'.*available: .*de"):
+        number_corpus("en", "xx", num_train=10, num_dev=1, num_test=1)
+
+
+def test_holdout_split():
+    pairs = [(str(i), str(-i)) for i in range(100)]
+    splits = holdout_split(pairs, num_dev=10, num_test=5, seed=0)
+    assert [len(splits[s]) for s in ("train", "dev", "test")] == [85, 10, 5]
+    assert sorted(p for split in splits.values() for p in split) == sorted(pairs)
+    with pytest.raises(CorpusError, match="cannot hold out"):
+        holdout_split(pairs, num_dev=50, num_test=50)
+
+
+# --- Parallel text and TSV/CSV: the bad-data policy ------------------------------------------
+
+def write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_parallel_text_reads_pairs_and_counts_skips(tmp_path):
+    # A BOM, a CRLF line, an empty line, \r and U+2028 inside a line, a long line, bad bytes.
+    src = write(tmp_path / "a.en",
+                b"\xef\xbb\xbfone\r\n\ntwo\rand\xe2\x80\xa8half\n" + b"x" * 50 + b"\nbad\nthree \n")
+    tgt = write(tmp_path / "a.de", b"eins\nnichts\nzwei\nlang\n\xff\xfe\ndrei\n")
+    pairs, report = read_parallel_text(src, tgt, max_chars=20)
+    # \r and U+2028 inside a line must not split it (text mode / str.splitlines would).
+    assert pairs == [("one", "eins"), ("two\rand\u2028half", "zwei"), ("three", "drei")]
+    assert report.kept == 3
+    assert report.skipped == {EMPTY: 1, TOO_LONG: 1, UNDECODABLE: 1}
+    assert report.first_line == {EMPTY: 2, TOO_LONG: 4, UNDECODABLE: 5}
+    assert "kept 3 pairs, skipped 3" in str(report) and "not UTF-8 (first at line 5)" in str(report)
+
+
+def test_parallel_text_errors(tmp_path):
+    good = write(tmp_path / "good.en", b"a\nb\nc\n")
+    with pytest.raises(CorpusError, match="empty.de is empty"):
+        read_parallel_text(good, write(tmp_path / "empty.de", b""))
+    with pytest.raises(CorpusError, match="good.en has 3 lines but .*short.de has 2"):
+        read_parallel_text(good, write(tmp_path / "short.de", b"x\ny\n"))
+    with pytest.raises(CorpusError, match="does not exist"):
+        read_parallel_text(good, tmp_path / "missing.de")
+    with pytest.raises(CorpusError, match="no usable sentence pair"):
+        read_parallel_text(good, write(tmp_path / "blank.de", b"\n \n\t\n"))
+
+
+def test_tsv_and_csv_columns(tmp_path):
+    tsv = write(tmp_path / "c.tsv", b'id\ten\tde\n1\tsay "hi"\tsag "hallo"\n2\tshort\n'
+                b"3\t\tleer\n4\tbad \xff\tschlecht\n5\tok\tgut\n")
+    pairs, report = read_columns(tsv, "en", "de")
+    assert pairs == [('say "hi"', 'sag "hallo"'), ("ok", "gut")]  # TSV keeps quotes as text
+    assert report.skipped == {MALFORMED_ROW: 1, EMPTY: 1, UNDECODABLE: 1}
+    assert report.first_line == {MALFORMED_ROW: 3, EMPTY: 4, UNDECODABLE: 5}
+    csv_file = write(tmp_path / "c.csv", b'en,de\n"one, two","eins, zwei"\n')
+    assert read_columns(csv_file, "en", "de")[0] == [("one, two", "eins, zwei")]
+    with pytest.raises(CorpusError, match=r"no column 'fr'; its columns are 'id', 'en', 'de'"):
+        read_columns(tsv, "en", "fr")
+    with pytest.raises(CorpusError, match="is empty"):
+        read_columns(write(tmp_path / "e.tsv", b""), "en", "de")
+    huge = write(tmp_path / "h.csv", b"en,de\n" + b"x" * 200_000 + b",y\n")
+    with pytest.raises(CorpusError, match="h.csv, line .*field larger than field limit"):
+        read_columns(huge, "en", "de")
+
+
+# --- Tokenizer and encoding -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def numbers_and_tokenizer(tmp_path_factory):
+    corpus = number_corpus(num_train=2000, num_dev=100, num_test=200, seed=0)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
+    return corpus, train_tokenizer(corpus["train"], path, vocab_size=300)
+
+
+def test_tokenizer_round_trip_on_held_out_numbers(numbers_and_tokenizer):
+    corpus, tokenizer = numbers_and_tokenizer
+    for src, tgt in corpus["test"]:
+        for text in (src, tgt):
+            ids = tokenizer.encode(text)
+            assert all(i > EOS_ID for i in ids), text  # no unk, no specials
+            assert tokenizer.decode(ids + [EOS_ID, 7]) == text
+
+
+def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer, monkeypatch):
+    monkeypatch.setattr(batching, "ENCODE_CHUNK", 7)  # encode in several chunks
+    corpus, tokenizer = numbers_and_tokenizer
+    pairs = corpus["dev"]
+    src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=10)
+    fits = [max(len(tokenizer.encode(s)), len(tokenizer.encode(t))) + 1 <= 10 for s, t in pairs]
+    assert 0 < report.kept == sum(fits) == len(src_ids) == len(tgt_ids) < len(pairs)
+    assert report.skipped == {TOO_MANY_TOKENS: len(pairs) - sum(fits)}
+    assert report.first_line == {TOO_MANY_TOKENS: fits.index(False) + 1}
+    kept = [pair for pair, fit in zip(pairs, fits) if fit]
+    assert [(tokenizer.decode(s), tokenizer.decode(t)) for s, t in zip(src_ids, tgt_ids)] == kept
+    assert src_ids[0].dtype == tgt_ids[0].dtype == np.int32
+
+
+# --- Bucketing -----------------------------------------------------------------------------
+
+def synthetic_examples(n=500, seed=0):
+    """Example i: source starts with piece 4 + i (so a row names its example)."""
+    rng = np.random.default_rng(seed)
+    src = [np.concatenate([[4 + i], rng.integers(4, 50, rng.integers(0, 40))]).astype(np.int32)
+           for i in range(n)]
+    tgt = [rng.integers(4, 50, rng.integers(1, 60)).astype(np.int32) for _ in range(n)]
+    return src, tgt
+
+
+def test_buckets_shapes_budget_and_every_pair_once():
+    src, tgt = synthetic_examples()
+    data = BucketedBatches(src, tgt, max_tokens=500, batch_multiple=4, seed=0)
+    shapes = data.shapes()
+    assert len(set(shapes)) == len(shapes) > 1
+    assert all(b * max(S, T) <= 500 and b % 4 == 0 and b > 0 for b, S, T in shapes)
+    seen, pad_rows, batches = collections.Counter(), 0, list(data.epoch(3))
+    assert len(batches) == data.num_batches
+    for batch in batches:
+        b, S = batch["src"].shape
+        T = batch["tgt_in"].shape[1]
+        assert (b, S, T) in shapes
+        for key in ("src", "tgt_in", "tgt_out"):
+            assert batch[key].shape == (b, S if key == "src" else T)
+            assert batch[key].dtype == np.int32
+        for row in range(b):
+            if batch["src"][row, 0] == PAD_ID:  # an all-pad filler row
+                pad_rows += 1
+                assert not batch["src"][row].any() and not batch["tgt_in"][row].any()
+                assert not batch["tgt_out"][row].any()
+                continue
+            i = batch["src"][row, 0] - 4
+            seen[i] += 1
+            s, t = src[i], tgt[i]
+            np.testing.assert_array_equal(batch["src"][row], np.pad(np.r_[s, EOS_ID],
+                                                                    (0, S - len(s) - 1)))
+            np.testing.assert_array_equal(batch["tgt_in"][row], np.pad(np.r_[BOS_ID, t],
+                                                                       (0, T - len(t) - 1)))
+            np.testing.assert_array_equal(batch["tgt_out"][row], np.pad(np.r_[t, EOS_ID],
+                                                                        (0, T - len(t) - 1)))
+            # Each side's smallest bucket that fits: the next smaller one would not.
+            for length, needed in ((S, len(s) + 1), (T, len(t) + 1)):
+                smaller = max([0] + [L for L in DEFAULT_BUCKETS if L < length])
+                assert smaller < needed <= length
+    assert seen == {i: 1 for i in range(len(src))}
+    total_rows = sum(bucket.num_batches * bucket.batch_size for bucket in data.buckets)
+    assert pad_rows == total_rows - len(src) > 0
+
+
+def test_jit_compiles_once_per_announced_shape():
+    import jax
+    src, tgt = synthetic_examples(300)
+    data = BucketedBatches(src, tgt, max_tokens=512, batch_multiple=2)
+
+    @jax.jit
+    def count_tokens(batch):
+        return (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
+
+    iterator = data.iterator()
+    for _ in range(2 * data.num_batches):
+        count_tokens(next(iterator))
+    assert count_tokens._cache_size() == len(data.shapes())
+
+
+def test_bad_bucket_settings():
+    src, tgt = synthetic_examples(20)
+    with pytest.raises(ValueError, match="need max_tokens >= 64"):
+        BucketedBatches(src, tgt, max_tokens=63, batch_multiple=1, buckets=(64,))
+    with pytest.raises(ValueError, match="more than the largest bucket 16"):
+        BucketedBatches(src, tgt, max_tokens=1000, buckets=(8, 16))
+
+
+# --- Exact resume ---------------------------------------------------------------------------
+
+def assert_same_batches(first, second):
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_resume_continues_exactly_across_an_epoch_boundary():
+    src, tgt = synthetic_examples(200)
+    data = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, seed=5)
+    n = data.num_batches
+    uninterrupted = data.iterator()
+    reference = [next(uninterrupted) for _ in range(3 * n)]
+
+    interrupted = data.iterator()
+    for _ in range(n - 2):  # stop two batches before the end of epoch 0
+        next(interrupted)
+    state = json.loads(json.dumps(interrupted.get_state()))
+    assert state == {"epoch": 0, "index": n - 2, "num_batches": n}
+    resumed = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, seed=5).iterator(state)
+    assert_same_batches([next(resumed) for _ in range(n + 4)], reference[n - 2:2 * n + 2])
+    assert resumed.get_state() == {"epoch": 2, "index": 2, "num_batches": n}
+
+    # Epochs are shuffled differently; an unshuffled split repeats itself.
+    assert_same_batches(reference[:n], list(data.epoch(0)))
+    assert not all(np.array_equal(a["src"], b["src"]) for a, b in zip(reference, reference[n:]))
+    fixed = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, shuffle=False)
+    assert_same_batches(list(fixed.epoch(0)), list(fixed.epoch(1)))
+
+
+def test_resume_refuses_a_state_from_other_data():
+    src, tgt = synthetic_examples(200)
+    data = BucketedBatches(src, tgt, max_tokens=256)
+    with pytest.raises(ValueError, match="batches per epoch"):
+        data.iterator({"epoch": 1, "index": 0, "num_batches": data.num_batches + 1})
+    with pytest.raises(ValueError, match="out of range"):
+        data.iterator({"epoch": 0, "index": data.num_batches, "num_batches": data.num_batches})

@@ -1,0 +1,233 @@
+"""train.py end to end on a tiny model: outputs, exact resume, SIGKILL, NaN stop,
+bad data, compilation count, bf16, and the export running in torch_reference."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import train
+from jax_transformer import port, translate
+from jax_transformer.train import checkpoints as checkpointing
+from transformer_core import checkpoint_dir
+from jax_transformer.data.batching import BucketedBatches
+from transformer_core.config import TransformerConfig
+from jax_transformer.model import Transformer as FlaxTransformer
+from transformer_core.tokenizer import Tokenizer
+from jax_transformer.cli import RunFailed
+from jax_transformer.train import settings
+from jax_transformer.train.loop import check_run_settings, run
+from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
+from torch_reference import Transformer as TorchTransformer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-number", "10000",
+        "--vocab-size", "200", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1",
+        "--max-tokens", "512", "--warmup", "4", "--checkpoint-every", "4", "--eval-every", "6",
+        "--decode-batch-size", "40", "--samples", "2", "--quiet"]
+
+
+def tiny_settings(workdir, *extra):
+    """(data, model, train) settings as train.py parses them from its flags."""
+    return settings.from_flags(vars(train.parse_args(["--workdir", str(workdir), *TINY, *extra])))
+
+
+def tiny_run(workdir, *extra):
+    return run(*tiny_settings(workdir, *extra))
+
+
+def recorded(workdir, *extra):
+    return settings.recorded(*tiny_settings(workdir, *extra))
+
+
+def losses(workdir) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """An uninterrupted 12-step run."""
+    workdir = tmp_path_factory.mktemp("reference")
+    summary = tiny_run(workdir, "--steps", "12")
+    return workdir, summary
+
+
+def test_run_writes_everything(reference_run):
+    workdir, summary = reference_run
+    for name in ("metrics.jsonl", "eval.json", "loss.png", "attention.png", "config.json",
+                 "tokenizer.model", "export/config.json", "export/model.safetensors",
+                 "export/tokenizer.model"):
+        assert (workdir / name).is_file(), name
+    assert [s for s, _ in losses(workdir)] == list(range(1, 13))
+    results = json.loads((workdir / "eval.json").read_text())
+    for key in ("loss", "perplexity", "exact_match", "bleu", "chrf"):
+        assert math.isfinite(results["test"][key]), key
+    assert results["test"]["sentences"] == 40 and len(results["samples"]) == 2
+    assert summary["step"] == 12
+
+
+def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
+    reference, _ = reference_run
+    tiny_run(tmp_path, "--steps", "8")
+    tiny_run(tmp_path, "--steps", "12")  # resumes from the step-8 checkpoint
+    assert losses(tmp_path) == losses(reference)
+
+
+def test_resume_refuses_other_settings(tmp_path):
+    check_run_settings(tmp_path, recorded(tmp_path, "--steps", "4"), resuming=False)
+    # Length and visibility flags may change on resume...
+    check_run_settings(tmp_path, recorded(tmp_path, "--steps", "8", "--eval-every", "2"),
+                       resuming=True)
+    # ...anything that changes the model or the data order may not.
+    with pytest.raises(settings.TrainError, match="--d-ff 64 -> 48"):
+        check_run_settings(tmp_path, recorded(tmp_path, "--d-ff", "48"), resuming=True)
+
+
+def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run, tmp_path):
+    """A real process killed with SIGKILL mid-training resumes from its latest
+    checkpoint and then reproduces the uninterrupted run's losses."""
+    reference, _ = reference_run
+    # Started for 1000 steps so that it is surely mid-training when killed; resumed
+    # for 12 (the total may change on resume; the schedule does not depend on it).
+    command = [sys.executable, "train.py", "--workdir", str(tmp_path), *TINY, "--steps", "1000",
+               "--checkpoint-every", "2"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    killed_at = max(s for s, _ in losses(tmp_path))
+    latest = checkpointing.Checkpointer(tmp_path).latest_step()
+    assert latest is not None and killed_at - 2 * 2 <= latest <= killed_at < 12
+    tiny_run(tmp_path, "--steps", "12", "--checkpoint-every", "2")
+    assert losses(tmp_path) == losses(reference)
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(RunFailed, match="stopping; the last good checkpoint is step") as info:
+        tiny_run(tmp_path, "--steps", "30", "--checkpoint-every", "1", "--lr-scale", "1e30")
+    message = str(info.value)
+    bad_step = int(message.split(" at step ")[1].split(":")[0])
+    good_step = int(message.split("checkpoint is step ")[1].split()[0])
+    assert good_step == bad_step - 1
+    assert checkpointing.Checkpointer(tmp_path).latest_step() == good_step
+    model = checkpointing.restore_model(tmp_path)
+    params = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert params and all(np.all(np.isfinite(np.asarray(p))) for p in params)
+
+
+@pytest.mark.parametrize("src, tgt, message", [
+    ("one\ntwo\n", "eins\n", "a.txt has 2 lines but .*b.txt has 1"),
+    ("", "", "empty"),
+])
+def test_bad_data_gets_a_clear_error(tmp_path, src, tgt, message):
+    (tmp_path / "a.txt").write_text(src)
+    (tmp_path / "b.txt").write_text(tgt)
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path / "run"),
+                             "--src-path", str(tmp_path / "a.txt"),
+                             "--tgt-path", str(tmp_path / "b.txt"), "--quiet"],
+                            cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode != 0
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: "), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert re.search(message, last_line), last_line
+
+
+def test_help_documents_every_flag():
+    result = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+    actions = [a for a in train.build_parser()._actions if a.option_strings]
+    assert len(actions) > 30
+    for action in actions:
+        assert action.option_strings[-1] in result.stdout, action.option_strings
+        assert action.help, f"{action.option_strings} has no help text"
+
+
+def test_an_epoch_compiles_once_per_batch_shape(reference_run):
+    """Length buckets bound the compilations of the real train step: one per
+    announced batch shape, none more in a second epoch."""
+    workdir, _ = reference_run
+    rng = np.random.default_rng(0)
+    lengths = [(3, 4), (6, 5), (10, 6), (12, 3)] * 20  # source buckets 8 and 16, target 8
+    src = [rng.integers(4, 100, n).astype(np.int32) for n, _ in lengths]
+    tgt = [rng.integers(4, 100, n).astype(np.int32) for _, n in lengths]
+    batches = BucketedBatches(src, tgt, max_tokens=256, seed=0)
+    assert len(batches.shapes()) == 2 and batches.num_batches > 4
+    trainer = Trainer(FlaxTransformer.from_pretrained(workdir / "export"),
+                      make_optimizer(paper_schedule(32, 4)))
+    state = trainer.initial_state
+    for epoch in range(2):
+        for batch in batches.epoch(epoch):
+            state, _ = trainer.train_step(state, trainer.shard_batch(batch))
+    assert trainer.train_step._cache_size() == len(batches.shapes())
+
+
+def test_bfloat16_computes_in_bf16_and_keeps_float32_state():
+    config = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, num_heads=2,
+                               d_ff=32, num_encoder_layers=1, num_decoder_layers=1)
+    model = FlaxTransformer(config, rngs=nnx.Rngs(0), dtype=jnp.bfloat16,
+                            param_dtype=jnp.float32)
+    src = jnp.array([[5, 6, 7, 3]], jnp.int32)
+    tgt_in, tgt_out = jnp.array([[2, 8, 9]], jnp.int32), jnp.array([[8, 9, 3]], jnp.int32)
+    assert model(src, tgt_in).dtype == jnp.bfloat16
+    trainer = Trainer(model, make_optimizer(paper_schedule(16, 2)))
+    state, metrics = trainer.train_step(trainer.initial_state,
+                                        {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out})
+    assert metrics["loss"].dtype == jnp.float32 and np.isfinite(float(metrics["loss"]))
+    leaves = jax.tree.leaves(state.params) + [
+        x for x in jax.tree.leaves(state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert leaves and all(x.dtype == jnp.float32 for x in leaves)
+
+
+def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
+    workdir, _ = reference_run
+    export = workdir / "export"
+    tokenizer = Tokenizer(export / "tokenizer.model")
+    flax_model = FlaxTransformer.from_pretrained(export)
+    torch_model = TorchTransformer.from_pretrained(export).eval()
+    samples = json.loads((workdir / "eval.json").read_text())["samples"]
+    sources = [sample["source"] for sample in samples] + [
+        "three hundred and forty-two", "nine thousand, nine hundred and ninety-nine", "seven"]
+
+    outputs = [translate.translate_lines(sources, model, tokenizer, framework=framework, beam=1,
+                                         batch_size=8)
+               for model, framework in ((flax_model, "jax"), (torch_model, "torch"))]
+    assert outputs[0] == outputs[1]
+
+
+def test_port_from_a_training_checkpoint(reference_run, tmp_path):
+    """--from jax-orbax converts train.py's latest orbax checkpoint into the same
+    directory as the run's own export (bit for bit), tokenizer included."""
+    workdir, _ = reference_run
+    assert port.main(["--from", "jax-orbax", str(workdir / "checkpoints"),
+                      str(tmp_path / "ported")]) == 0
+    config, tensors = checkpoint_dir.load_dir(tmp_path / "ported")
+    export_config, export_tensors = checkpoint_dir.load_dir(workdir / "export")
+    assert config == export_config and sorted(tensors) == sorted(export_tensors)
+    for key in tensors:
+        np.testing.assert_array_equal(tensors[key], export_tensors[key], err_msg=key)
+    assert (tmp_path / "ported" / "tokenizer.model").read_bytes() == (
+        workdir / "tokenizer.model").read_bytes()
+    assert port.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2

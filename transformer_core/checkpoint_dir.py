@@ -1,0 +1,180 @@
+"""The checkpoint directory both frameworks read and write.
+
+    DIR/config.json        TransformerConfig as JSON
+    DIR/model.safetensors  torch-named, torch-layout tensors
+    DIR/tokenizer.model    SentencePiece model (when there is one)
+
+Only numpy and safetensors are needed here: both frameworks read and write it.
+The Flax <-> torch naming rule is written once, in `flax_path_to_torch_key`:
+
+    Flax path (joined by '/')          torch key                  tensor
+    .../<linear>/kernel                .../<linear>.weight        transposed
+    .../<linear>/bias                  .../<linear>.bias          as is
+    .../<name>_norm/scale              .../<name>_norm.weight     as is
+    <name>_embed/embedding             <name>_embed.weight        as is
+    layers/<i>/...                     layers.<i>. ...            as is
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from transformer_core.config import ConfigError, TransformerConfig
+from transformer_core.errors import InputError, listing
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.model"
+
+
+class CheckpointError(InputError):
+    """A checkpoint directory or state dict does not fit the model."""
+
+
+# ---------------------------------------------------------------- naming
+
+def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every torch key the model defines, with its torch-layout shape."""
+    d, f = config.d_model, config.d_ff
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def linear(prefix, n_in, n_out, bias=True):
+        shapes[f"{prefix}.weight"] = (n_out, n_in)
+        if bias:
+            shapes[f"{prefix}.bias"] = (n_out,)
+
+    def norm(prefix):
+        shapes[f"{prefix}.weight"] = (d,)
+        shapes[f"{prefix}.bias"] = (d,)
+
+    def attention(prefix):
+        for name in ("W_q", "W_k", "W_v", "W_o"):
+            linear(f"{prefix}.{name}", d, d)
+
+    def ffn(prefix):
+        linear(f"{prefix}.W_1", d, f)
+        linear(f"{prefix}.W_2", f, d)
+
+    if config.share_embeddings:
+        shapes["shared_embed.weight"] = (config.src_vocab_size, d)
+    else:
+        shapes["src_embed.weight"] = (config.src_vocab_size, d)
+        shapes["tgt_embed.weight"] = (config.tgt_vocab_size, d)
+    for i in range(config.num_encoder_layers):
+        p = f"encoder.layers.{i}"
+        attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
+        ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
+    if config.final_norm:
+        norm("encoder.final_norm")
+    for i in range(config.num_decoder_layers):
+        p = f"decoder.layers.{i}"
+        attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
+        attention(f"{p}.cross_attn"); norm(f"{p}.cross_attn_norm")
+        ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
+    if config.final_norm:
+        norm("decoder.final_norm")
+    if config.tie_output:
+        if config.output_bias:
+            shapes["output_bias"] = (config.tgt_vocab_size,)
+    else:
+        linear("output_projection", d, config.tgt_vocab_size, bias=config.output_bias)
+    return shapes
+
+
+def flax_path_to_torch_key(path: tuple) -> tuple[str, bool]:
+    """('encoder', 'layers', 0, 'self_attn', 'W_q', 'kernel') ->
+    ('encoder.layers.0.self_attn.W_q.weight', transpose=True)."""
+    *parents, leaf = (str(p) for p in path)
+    transpose = False
+    if leaf == "kernel":
+        leaf, transpose = "weight", True
+    elif leaf in ("scale", "embedding"):
+        leaf = "weight"
+    return ".".join([*parents, leaf]), transpose
+
+
+# ------------------------------------------------------------ validation
+
+def check_state_dict(tensors: Mapping[str, object], config: TransformerConfig,
+                     source: str = "state dict") -> None:
+    """Raise CheckpointError unless `tensors` has exactly the model's keys and shapes.
+
+    Called before any weight is written into a model, so a bad checkpoint is
+    never half-loaded.
+    """
+    expected = expected_shapes(config)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {listing(unexpected)}")
+    for key in sorted(set(expected) & set(tensors)):
+        shape = tuple(tensors[key].shape)
+        if shape != expected[key]:
+            problems.append(f"shape mismatch for {key}: checkpoint has {shape}, "
+                            f"config expects {expected[key]}")
+    if problems:
+        raise CheckpointError(f"{source} does not match the config: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------ directory
+
+def save_dir(directory: str | os.PathLike, config: TransformerConfig,
+             tensors: Mapping[str, np.ndarray], tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write config.json + model.safetensors (+ tokenizer.model), each file atomically."""
+    check_state_dict(tensors, config)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+
+    def write_atomically(name, write):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, directory / name)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    write_atomically(WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(arrays, p))
+    write_atomically(CONFIG_FILE, config.to_json)
+    if tokenizer is not None and Path(tokenizer).resolve() != (directory / TOKENIZER_FILE).resolve():
+        write_atomically(TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer, p))
+    return directory
+
+
+def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
+    """Read and validate a checkpoint directory; returns (config, torch-named numpy tensors)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint directory {directory} does not exist")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory} has no {name}")
+    try:
+        config = TransformerConfig.from_json(directory / CONFIG_FILE)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {e}") from e
+    try:
+        tensors = safetensors.numpy.load_file(directory / WEIGHTS_FILE)
+    except (safetensors.SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{directory / WEIGHTS_FILE} is corrupt or truncated: {e}") from e
+    check_state_dict(tensors, config, source=str(directory / WEIGHTS_FILE))
+    return config, tensors
+
+
+def tokenizer_path(directory: str | os.PathLike) -> Path | None:
+    path = Path(directory) / TOKENIZER_FILE
+    return path if path.is_file() else None

@@ -1,0 +1,108 @@
+"""The one model configuration, read by both frameworks.
+
+Pure Python: importing it pulls in neither JAX nor torch. Defaults are the paper's base model (Vaswani et al. 2017, table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Literal
+
+from transformer_core.errors import InputError
+
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITION_LAYOUTS = ("interleaved", "half_split")
+
+
+class ConfigError(InputError):
+    """A configuration value is invalid; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    dropout: float = 0.1
+    max_len: int = 512
+    pad_id: int = 0
+    bos_id: int = 2  # first decoder input token (Marian starts with its pad id)
+    eos_id: int = 3
+    # Variants used by real checkpoints (README: "The model and its variants").
+    pre_norm: bool = False  # paper: post-LN, x = LN(x + sublayer(x))
+    final_norm: bool = False  # a LayerNorm after each stack (torch.nn.Transformer)
+    activation: Literal["relu", "gelu", "silu"] = "relu"
+    layer_norm_eps: float = 1e-5
+    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    position_layout: Literal["interleaved", "half_split"] = "interleaved"
+    share_embeddings: bool = True  # one table for source and target tokens
+    tie_output: bool = True  # pre-softmax projection = target embedding^T
+    output_bias: bool = False  # bias on the pre-softmax projection
+
+    def __post_init__(self):
+        positive = ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
+                    "num_encoder_layers", "num_decoder_layers", "max_len")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.position_layout not in POSITION_LAYOUTS:
+            raise ConfigError(
+                f"position_layout must be one of {POSITION_LAYOUTS}, got {self.position_layout!r}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
+                f"{self.src_vocab_size} and {self.tgt_vocab_size}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not 0 <= value < min(self.src_vocab_size, self.tgt_vocab_size):
+                raise ConfigError(f"{name} must be a valid token id, got {value!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def replace(self, **changes: Any) -> "TransformerConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TransformerConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "TransformerConfig":
+        try:
+            with open(path) as f:
+                values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path} must hold a JSON object, got {type(values).__name__}")
+        return cls.from_dict(values)

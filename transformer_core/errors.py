@@ -1,0 +1,22 @@
+"""The base class of every error a user's input can cause, and how such errors list things.
+
+Each concern has its own subclass (ConfigError, CheckpointError, TokenizerError,
+CorpusError, PortError, TranslateError, TrainError); library code raises them
+and never exits. The command-line wrapper (jax_transformer.cli) prints any
+InputError as `error: ...` on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class InputError(ValueError):
+    """Bad input (a flag, a file, a config value); the message says which and why."""
+
+
+def listing(items: Iterable[str], limit: int = 10) -> str:
+    """'a, b, c' for at most `limit` items, then '(+N more)'."""
+    items = list(items)
+    text = ", ".join(items[:limit])
+    return text + (f" (+{len(items) - limit} more)" if len(items) > limit else "")

@@ -1,0 +1,86 @@
+"""SentencePiece tokenizer with the project's special ids.
+
+One shared vocabulary for source and target (the paper's setting); the model
+file is saved as `tokenizer.model` in the checkpoint directory. Needs neither
+JAX nor torch.
+
+    pad 0, unk 1, bos 2, eos 3   (TransformerConfig's defaults)
+    source ids:     pieces + [eos]
+    decoder input:  [bos] + pieces
+    labels:         pieces + [eos]
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from transformer_core.errors import InputError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class TokenizerError(InputError):
+    """A tokenizer model is missing, unreadable or does not fit the model."""
+
+
+class Tokenizer:
+    def __init__(self, model_path: str | os.PathLike):
+        path = Path(model_path)
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer model {path} does not exist")
+        self.path = path
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(str(path))
+        except (OSError, RuntimeError) as e:
+            raise TokenizerError(f"{path} is not a SentencePiece model: {e}") from e
+
+    @classmethod
+    def train(cls, sentences: Iterable[str], model_path: str | os.PathLike,
+              vocab_size: int = 8000, model_type: str = "unigram") -> "Tokenizer":
+        """Train on `sentences` (source and target text together) and save to `model_path`."""
+        model = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            num_threads=os.cpu_count() or 1, minloglevel=2)
+        Path(model_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(model_path).write_bytes(model.getvalue())
+        return cls(model_path)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.GetPieceSize()
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> piece ids, without special tokens."""
+        return self.sp.EncodeAsIds(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text; stops at the first eos and drops pad/bos."""
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                pieces.append(i)
+        return self.sp.DecodeIds(pieces)
+
+    def check_fits(self, config) -> None:
+        """Raise TokenizerError unless this tokenizer's ids fit the model config."""
+        if self.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
+            raise TokenizerError(
+                f"tokenizer {self.path} has {self.vocab_size} pieces but the model's "
+                f"vocabulary is {config.src_vocab_size}/{config.tgt_vocab_size}")
+        specials = (config.pad_id, config.bos_id, config.eos_id)
+        if specials != (PAD_ID, BOS_ID, EOS_ID):
+            raise TokenizerError(
+                f"model uses pad/bos/eos ids {specials}, tokenizer {self.path} uses "
+                f"{(PAD_ID, BOS_ID, EOS_ID)}")
