@@ -1,7 +1,9 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) in Flax NNX.
 
 Read it side by side with torch_reference/model.py: same modules, same names,
-same steps in the same order. Shapes: B batch, S source length, T target
+same steps in the same order. The operations (Linear, LayerNorm, Dropout,
+attention, project_qkv, feed_forward) come from jax_transformer/kernels,
+where their fast versions live. Shapes: B batch, S source length, T target
 length, D d_model, H heads, Dh head dim, F d_ff, V vocabulary.
 """
 
@@ -16,7 +18,8 @@ from flax import nnx
 
 from jax_transformer import pretrained
 from jax_transformer.kernels.attention import attention, project_kv, project_qkv
-from jax_transformer.kernels.dropout import Dropout, activation_dropout
+from jax_transformer.kernels.dropout import Dropout
+from jax_transformer.kernels.feed_forward import feed_forward
 from jax_transformer.kernels.layer_norm import LayerNorm
 from jax_transformer.kernels.linear import Linear
 from jax_transformer.masks import causal_mask, padding_mask
@@ -34,7 +37,7 @@ class MultiHeadAttention(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         d, kw = config.d_model, dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.W_q, self.W_k, self.W_v, self.W_o = linear(d, d, **kw), linear(d, d, **kw), linear(d, d, **kw), linear(d, d, **kw)
+        self.W_q, self.W_k, self.W_v, self.W_o = (linear(d, d, **kw) for _ in range(4))
         self.dropout = Dropout(config.dropout, rngs=rngs)
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
@@ -74,7 +77,7 @@ class FeedForward(nnx.Module):
                            }[config.activation]
 
     def __call__(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
-        return self.W_2(activation_dropout(self.W_1(x), self.activation, self.dropout))
+        return feed_forward(x, self.W_1, self.W_2, self.activation, self.dropout)
 
 
 def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):

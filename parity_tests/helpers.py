@@ -8,6 +8,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from flax import nnx
 
@@ -42,6 +43,12 @@ CONFIGS = {
                                  final_norm=True),
 }
 DIRECTIONS = ("flax_to_torch", "torch_to_flax")
+
+
+def fast_tier(values, fast) -> list:
+    """`values` as pytest parameters, all but those in `fast` marked slow: the fast
+    tier (pytest -m "not slow") keeps a few cases of each check, the full suite all."""
+    return [pytest.param(v, marks=() if v in fast else pytest.mark.slow) for v in values]
 
 DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torch.float64)}
 

@@ -16,6 +16,7 @@ import torch_reference
 from jax_transformer import TransformerConfig, pretrained
 from jax_transformer import decoding as jax_decoding
 from jax_transformer.model import Transformer
+from parity_tests.helpers import fast_tier
 from torch_reference import decoding as torch_decoding
 
 CONFIG = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=32, num_heads=4,
@@ -165,7 +166,7 @@ def test_greedy_jax_equals_torch(models):
             assert (row[n:] == CONFIG.pad_id).all()
 
 
-@pytest.mark.parametrize("alpha", [0.6, 0.0, 2.0])
+@pytest.mark.parametrize("alpha", fast_tier([0.6, 0.0, 2.0], fast={0.6}))
 def test_beam_jax_equals_torch(models, alpha):
     model, torch_model = models
     jax_tokens, jax_scores = jax_decoding.beam_search(
@@ -194,6 +195,7 @@ def test_beam_scores_are_length_normalised_log_probs(models):
         assert abs(scores[i, 0].item() - expected) < 1e-9
 
 
+@pytest.mark.slow
 def test_uncached_greedy_equals_cached(models):
     model, torch_model = models
     cached, cached_scores = jax_decoding.greedy_search(model, source_batch(), max_len=MAX_LEN)
@@ -206,6 +208,7 @@ def test_uncached_greedy_equals_cached(models):
                                    atol=1e-9, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 def test_batched_equals_one_by_one(models, framework):
     """Each sentence decoded alone gives the batch's tokens and scores. Alone
@@ -227,6 +230,7 @@ def test_batched_equals_one_by_one(models, framework):
                                        atol=1e-9, rtol=0)
 
 
+@pytest.mark.slow
 def test_search_compiles_once_per_shape(models):
     model, _ = models
     src = source_batch()

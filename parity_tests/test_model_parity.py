@@ -13,8 +13,8 @@ import torch
 
 from jax_transformer import masks as jax_masks
 from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
-from parity_tests.helpers import (CONFIGS, assert_close, build_pair, make_batches, precision,
-                                   to_numpy)
+from parity_tests.helpers import (CONFIGS, assert_close, build_pair, fast_tier, make_batches,
+                                  precision, to_numpy)
 from torch_reference import masks as torch_masks
 from torch_reference.training import label_smoothed_cross_entropy as torch_loss
 
@@ -36,8 +36,9 @@ def run_both(flax_model, torch_model, src, tgt, pad_id=0):
     return outputs
 
 
-@pytest.mark.parametrize("batch", ["padded", "batch1", "len1"])
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("batch", fast_tier(["padded", "batch1", "len1"], fast={"padded"}))
+@pytest.mark.parametrize("name", fast_tier(list(CONFIGS), fast={  # one per weight-mapping case
+    "pre_ln_final_norm", "untied_bias", "tied_bias", "unshared", "odd_width_half_split"}))
 def test_forward_float32(name, batch, direction):
     config = CONFIGS[name]
     src, tgt = make_batches(config)[batch]
@@ -53,8 +54,9 @@ def test_forward_float32(name, batch, direction):
             assert_close(a, b, F32_WEIGHTS, f"{kind} attention weights, layer {i}")
 
 
-@pytest.mark.parametrize("name", ["post_ln", "pre_ln_final_norm", "untied_bias", "gelu",
-                                  "silu_half_split", "odd_width", "three_layers", "unshared"])
+@pytest.mark.parametrize("name", fast_tier(["post_ln", "pre_ln_final_norm", "untied_bias", "gelu",
+                                            "silu_half_split", "odd_width", "three_layers",
+                                            "unshared"], fast={"post_ln", "unshared"}))
 def test_forward_float64(name, direction):
     config = CONFIGS[name]
     src, tgt = make_batches(config)["padded"]
@@ -65,7 +67,8 @@ def test_forward_float64(name, direction):
     assert_close(f["logits"], t["logits"], F64_LOGITS, "float64 logits")
 
 
-@pytest.mark.parametrize("name", ["post_ln", "pre_ln_final_norm", "odd_width", "three_layers"])
+@pytest.mark.parametrize("name", fast_tier(["post_ln", "pre_ln_final_norm", "odd_width",
+                                            "three_layers"], fast={"pre_ln_final_norm"}))
 def test_every_attention_layer(name, direction):
     """Each encoder self-, decoder masked self- and cross-attention module, fed the
     same hidden states and mask on both sides, gives the same output and weights."""
@@ -100,7 +103,8 @@ def test_every_attention_layer(name, direction):
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
-@pytest.mark.parametrize("name", ["post_ln", "untied_bias", "unshared"])
+@pytest.mark.parametrize("name", fast_tier(["post_ln", "untied_bias", "unshared"],
+                                           fast={"untied_bias"}))
 def test_label_smoothed_loss(name, smoothing, direction):
     """The loss ignores padding, and is the same number on both sides."""
     config = CONFIGS[name]

@@ -43,6 +43,7 @@ def rows_of(report):
     return {r.name: r for r in report.rows}
 
 
+@pytest.mark.slow
 def test_report_passes_and_covers_every_layer(checkpoint, capsys):
     assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 0
     out = capsys.readouterr().out
@@ -56,6 +57,7 @@ def test_report_passes_and_covers_every_layer(checkpoint, capsys):
     assert "decoder.out" in out and "logits" in out
 
 
+@pytest.mark.slow
 def test_float64_is_really_float64(checkpoint):
     f32, f64 = run(checkpoint)
     logits32, logits64 = rows_of(f32)["logits"], rows_of(f64)["logits"]
@@ -79,6 +81,7 @@ def perturb_jax_loader(monkeypatch, key_path, scale=0.05):
     monkeypatch.setattr(pretrained, "load_pretrained", load)
 
 
+@pytest.mark.slow
 def test_first_diverging_layer_is_flagged(checkpoint, monkeypatch, capsys):
     perturb_jax_loader(monkeypatch, ("decoder", "layers", 1, "cross_attn", "W_k", "kernel"))
     assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 1
@@ -110,6 +113,7 @@ def test_layer_norm_epsilon_mismatch_fails_in_float64(checkpoint, monkeypatch):
     assert f64.first_failure.name == "encoder.layers.0.out"
 
 
+@pytest.mark.slow
 def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
     text = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
             "hello world how are you today"] * 20
@@ -128,6 +132,7 @@ def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
     assert "2 sentence(s)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_exit_codes(tmp_path):
     """The real entry point: 2 for a bad checkpoint (0 and 1 are checked through main above)."""
     missing = subprocess.run([sys.executable, "-m", "jax_transformer.parity",

@@ -23,6 +23,7 @@ from flax import nnx
 
 import torch_reference
 from jax_transformer import port
+from parity_tests.helpers import fast_tier
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
@@ -151,7 +152,7 @@ MARIAN_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", MARIAN_VARIANTS)
+@pytest.mark.parametrize("variant", fast_tier(MARIAN_VARIANTS, fast={"separate-vocab-untied-relu"}))
 def test_marian_float32_logits_and_greedy(tmp_path, variant):
     model, src_dir = make_marian(tmp_path, **MARIAN_VARIANTS[variant])
     out_dir = tmp_path / "ours"
@@ -165,6 +166,7 @@ def test_marian_float32_logits_and_greedy(tmp_path, variant):
     assert_matches(marian_logits_fn(model), out_dir, src, tgt, PAD, PAD, "float32", 1e-4)
 
 
+@pytest.mark.slow
 def test_marian_float64_from_pytorch_model_bin(tmp_path):
     model, src_dir = make_marian(tmp_path, weights="bin")
     out_dir = tmp_path / "ours"
@@ -337,7 +339,7 @@ def convert_nn(path, out_dir, kwargs):
     assert port.main(argv) == 0
 
 
-@pytest.mark.parametrize("variant", NN_VARIANTS)
+@pytest.mark.parametrize("variant", fast_tier(NN_VARIANTS, fast={"pre-LN gelu shared tied"}))
 def test_torch_nn_transformer_float32(tmp_path, variant):
     kwargs = NN_VARIANTS[variant]
     model, path = make_nn(tmp_path, **kwargs)
@@ -351,6 +353,7 @@ def test_torch_nn_transformer_float32(tmp_path, variant):
     assert_matches(nn_logits_fn(model), tmp_path / "ours", src, tgt, 1, 0, "float32", 1e-4)
 
 
+@pytest.mark.slow
 def test_torch_nn_transformer_float64(tmp_path):
     kwargs = NN_VARIANTS["post-LN relu separate untied"]
     model, path = make_nn(tmp_path, **kwargs)

@@ -12,7 +12,7 @@ from flax import nnx
 from transformer_core import checkpoint_dir
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
-from parity_tests.helpers import CONFIGS, build_pair, precision
+from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision
 from torch_reference import training as torch_training
 
 TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared"]
@@ -54,8 +54,8 @@ def jax_gradients(flax_model, batch, smoothing):
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("name", TRAINING_CONFIGS)
+@pytest.mark.parametrize("dtype", fast_tier(["float64", "float32"], fast={"float64"}))
+@pytest.mark.parametrize("name", fast_tier(TRAINING_CONFIGS, fast={"untied_bias"}))
 def test_gradients_match(name, dtype, direction):
     config = CONFIGS[name].replace(dropout=0.0)
     batch = make_batch(config, seed=1)
@@ -87,6 +87,7 @@ def test_gradients_match(name, dtype, direction):
 
 # Which side initialises does not matter here (test_gradients_match covers both
 # directions), nor does the config to accumulation: 4 cases instead of 12 keeps CI fast.
+@pytest.mark.slow
 @pytest.mark.parametrize("name, accumulate, direction", [
     ("post_ln", 1, "flax_to_torch"), ("post_ln", 2, "torch_to_flax"),
     ("pre_ln_final_norm", 1, "torch_to_flax"), ("untied_bias", 1, "flax_to_torch")])

@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses; see pyproject.toml
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -91,6 +91,7 @@ def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys)
     assert results[0] == results[1]
 
 
+@pytest.mark.slow
 def test_command_line_reads_stdin_and_torch_needs_no_jax(torch_checkpoint):
     """`python -m jax_transformer.translate` (run via runpy, as -m does) on stdin;
     with --framework torch, JAX is never imported."""

@@ -1,8 +1,9 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017) in PyTorch.
 
 The reference for jax_transformer/model.py: same modules, same names, same
-steps in the same order. Shapes: B batch, S source length, T target length,
-D d_model, H heads, Dh head dim, F d_ff, V vocabulary.
+steps in the same order, each operation written out as the paper states it.
+Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head
+dim, F d_ff, V vocabulary.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Training maths, mirroring jax_transformer/training.py."""
+"""Training maths, mirroring jax_transformer/train/step.py."""
 
 from __future__ import annotations
 

@@ -32,17 +32,9 @@ def affine(x, kernel, bias):  # (..., K) @ (K, N) + (N,) -> (..., N); bias may b
     return y if bias is None else y + bias
 
 
-def linear_rows(x, kernel, bias):
-    """`affine` on rows: x as (M, K), with the backward pass below. Rows let a
-    producer's output (e.g. the FFN's dropout) feed the matmul as it is, and XLA
-    keeps it for the weight gradient instead of recomputing it inside the
-    gradient's transpose."""
-    y = _linear_rows(x.reshape(-1, x.shape[-1]), kernel, bias)  # (M, N)
-    return y.reshape(*x.shape[:-1], kernel.shape[-1])
-
-
 @jax.custom_vjp
-def _linear_rows(x, kernel, bias):  # (M, K) @ (K, N) + (N,) -> (M, N)
+def linear_tuned(x, kernel, bias):
+    """`affine` with the backward pass below."""
     return affine(x, kernel, bias)
 
 
@@ -64,18 +56,19 @@ def _bias_grad(dy):  # (M, N) -> (N,)
     return (jnp.ones((1, dy.shape[0]), dy.dtype) @ dy)[0]
 
 
-def _linear_bwd(residuals, dy):  # x (M, K), dy (M, N)
+def _linear_bwd(residuals, dy):  # x (..., K), dy (..., N)
     x, kernel, bias = residuals
-    dx = (dy @ kernel.T).astype(x.dtype)  # (M, N) @ (N, K)
-    d_kernel = jax.lax.platform_dependent(x, dy, cpu=_kernel_grad_cpu, default=_kernel_grad)
-    d_bias = None if bias is None else _bias_grad(dy).astype(bias.dtype)
+    x_rows = x.reshape(-1, x.shape[-1])  # (M, K)
+    dy_rows = dy.reshape(-1, dy.shape[-1])  # (M, N)
+    dx = (dy_rows @ kernel.T).reshape(x.shape).astype(x.dtype)  # (M, N) @ (N, K)
+    d_kernel = jax.lax.platform_dependent(x_rows, dy_rows, cpu=_kernel_grad_cpu,
+                                          default=_kernel_grad)
+    d_bias = None if bias is None else _bias_grad(dy_rows).astype(bias.dtype)
     return dx, d_kernel.astype(kernel.dtype), d_bias
 
 
-_linear_rows.defvjp(_linear_fwd, _linear_bwd)
-
-
-linear = switch.kernel("linear", plain=affine, tuned=linear_rows)
+linear_tuned.defvjp(_linear_fwd, _linear_bwd)
+linear = switch.kernel("linear", plain=affine, tuned=linear_tuned)
 
 
 def stacked(x, *layers):

@@ -11,6 +11,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # subprocesses; see pyproject.toml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
