@@ -4,7 +4,9 @@ Forward: nnx.LayerNorm's computation (use_fast_variance=False), op for op, so th
 outputs are the same bit for bit:
     mean = mean(x),  var = mean((x - mean)^2),  rstd = rsqrt(var + eps),
     y = (x - mean) * (rstd * scale) + bias          (statistics in float32 or wider)
-Backward: the closed form, with xhat = (x - mean) * rstd and g = dy * scale,
+Backward (the tuned version, `layer_norm_closed_form`; the plain one,
+`layer_norm_plain`, leaves it to autodiff): the closed form, with
+xhat = (x - mean) * rstd and g = dy * scale,
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),
     dscale = sum over rows of dy * xhat,   dbias = sum over rows of dy.
 Autodiff instead differentiates the mean and the variance as written. Compiled
