@@ -206,7 +206,7 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
                            eos_id=None, pad_to: int = 1):
     """The seeds' way, kept as a baseline for tests and benchmarks: every step
     re-runs the decoder over the whole prefix (cross-attention keys/values
-    included) and picks the next token on the host. Same results as
+    included) and picks the next token in the same compiled step. Same results as
     greedy_search; quadratic work, and one compilation per prefix length,
     unless `pad_to` > 1 right-pads the prefix to a multiple of it (the causal
     mask hides the padding): fewer compilations, a little more work."""
@@ -220,9 +220,9 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
         width = min(-(-(t + 1) // pad_to) * pad_to, max_len)
         prefix = np.full((B, width), ids["pad"], np.int32)
         prefix[:, : t + 1] = tokens
-        log_probs = _log_probs_at_jit(graphdef, state, prefix, memory, src_mask, t)  # (B, V)
-        next_ids, scores, finished = greedy_pick(log_probs, scores, finished, ids["pad"],
-                                                 ids["eos"])
+        next_ids, scores, finished = _greedy_step_uncached_jit(
+            graphdef, state, prefix, memory, src_mask, t, scores, finished, pad=ids["pad"],
+            eos=ids["eos"])
         tokens = np.concatenate([tokens, np.asarray(next_ids)[:, None]], axis=1)
         if bool(finished.all()):
             break
@@ -236,9 +236,12 @@ def _encode_jit(graphdef, state, src_ids, src_mask):
     return nnx.merge(graphdef, state).encode(src_ids, src_mask)[0]
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _log_probs_at_jit(graphdef, state, tgt_ids, memory, src_mask, position):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("pad", "eos"))
+def _greedy_step_uncached_jit(graphdef, state, tgt_ids, memory, src_mask, position, scores,
+                              finished, *, pad, eos):
+    """The whole prefix through the decoder, then the greedy pick at `position`."""
     model = nnx.merge(graphdef, state)
     hidden, _, _ = model.decode(tgt_ids, memory, src_mask)  # (B, T, D)
     hidden = jax.lax.dynamic_slice_in_dim(hidden, position, 1, axis=1)  # (B, 1, D)
-    return _log_softmax(model.project(hidden)[:, 0])  # (B, V)
+    log_probs = _log_softmax(model.project(hidden)[:, 0])  # (B, V)
+    return greedy_pick(log_probs, scores, finished, pad, eos)

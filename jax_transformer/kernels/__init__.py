@@ -11,10 +11,9 @@
 model.py imports them from their modules. The plain version is the maths as
 written, differentiated by autodiff; the tuned one computes the same values and
 gradients faster (each module's docstring says how, and what it was measured
-to save). Every speed trick in the
-Flax model lives here. Which one runs is decided at one switch, switch.py:
-per backend (`KERNELS_BY_BACKEND`), or for all kernels with the environment
-variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep nnx's parameter
+to save). Every speed trick in the Flax model lives here. Which one runs is
+decided at one switch, switch.py: per backend (`KERNELS_BY_BACKEND`), or for all
+kernels with the environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep nnx's parameter
 names and shapes, so the choice never changes a checkpoint.
 """
 
