@@ -9,7 +9,7 @@ The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
 plus eos. Sentences are sorted by length into batches and padded to the
 training buckets' lengths (jax_transformer.data.batching), so JAX compiles once
 per length bucket, not once per batch. Progress and errors go to stderr. `--framework torch` runs
-torch_reference and does not import JAX.
+torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 """
 
 from __future__ import annotations
@@ -66,8 +66,11 @@ def load(checkpoint, framework: str):
             f"{directory} has no {checkpoint_dir.TOKENIZER_FILE}; save the checkpoint with its "
             "tokenizer (save_pretrained(dir, tokenizer=path))")
     if framework == "torch":
+        import torch
+
         import torch_reference
-        model = torch_reference.Transformer.from_pretrained(directory).eval()
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = torch_reference.Transformer.from_pretrained(directory, device=device).eval()
     else:
         from jax_transformer.model import Transformer
         model = Transformer.from_pretrained(directory)
@@ -112,7 +115,7 @@ def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0
             tokens, _ = decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
                                              alpha=alpha)
             tokens = tokens[:, 0]  # the best beam
-        tokens = np.asarray(tokens)
+        tokens = np.asarray(tokens.cpu() if framework == "torch" else tokens)
         for row, i in enumerate(batch):
             translations[i] = tokenizer.decode(tokens[row].tolist())
     return translations

@@ -56,7 +56,7 @@ def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
     if not 0 < max_len <= config.max_len:
         raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's max_len), "
                          f"got {max_len}")
-    src_ids = torch.as_tensor(src_ids, dtype=torch.long)
+    src_ids = torch.as_tensor(src_ids, dtype=torch.long, device=model.device)
     if src_mask is None:
         src_mask = padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
     ids = dict(bos=config.bos_id, pad=config.pad_id,
@@ -90,10 +90,10 @@ def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, e
         B = src_ids.shape[0]
         memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
         cache = model.init_cache(memory, max_len)
-        tokens = torch.full((B, max_len + 1), ids["pad"], dtype=torch.long)  # (B, 1 + L)
+        tokens = src_ids.new_full((B, max_len + 1), ids["pad"])  # (B, 1 + L)
         tokens[:, 0] = ids["bos"]
-        scores = torch.zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
-        finished = torch.zeros(B, dtype=torch.bool)
+        scores = memory.new_zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
+        finished = src_ids.new_zeros(B, dtype=torch.bool)
         for t in range(max_len):
             inputs = tokens[:, t:t + 1]  # (B, 1)
             logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
@@ -121,7 +121,7 @@ def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4
 
 
 def _gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (B, K_new, ...)
-    return x[torch.arange(x.shape[0])[:, None], beam_indices]
+    return x[torch.arange(x.shape[0], device=x.device)[:, None], beam_indices]
 
 
 def _beam(model, src_ids, src_mask, *, max_len, beam_size, alpha, bos, eos, pad):
@@ -134,12 +134,13 @@ def _beam(model, src_ids, src_mask, *, max_len, beam_size, alpha, bos, eos, pad)
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
     dtype = torch.promote_types(memory.dtype, torch.float32)
 
-    seqs = torch.full((B, K, max_len + 1), pad, dtype=torch.long)  # (B, K, 1 + L)
+    seqs = src_ids.new_full((B, K, max_len + 1), pad)  # (B, K, 1 + L)
     seqs[:, :, 0] = bos
-    live_logprobs = torch.tensor([0.0] + [NEG_INF] * (K - 1), dtype=dtype).repeat(B, 1)  # (B, K)
+    live_logprobs = memory.new_full((B, K), NEG_INF, dtype=dtype)  # (B, K)
+    live_logprobs[:, 0] = 0.0
     s = dict(t=0, live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs.clone(),
-             finished_scores=torch.full((B, K), NEG_INF, dtype=dtype),
-             finished_flags=torch.zeros((B, K), dtype=torch.bool), cache=cache)
+             finished_scores=memory.new_full((B, K), NEG_INF, dtype=dtype),
+             finished_flags=src_ids.new_zeros((B, K), dtype=torch.bool), cache=cache)
     best_possible_lp = length_penalty(max_len, alpha)
 
     def not_done(s):
@@ -148,7 +149,7 @@ def _beam(model, src_ids, src_mask, *, max_len, beam_size, alpha, bos, eos, pad)
         best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
         worst_finished = torch.where(s["finished_flags"].all(dim=1),
                                      s["finished_scores"].min(dim=1).values,
-                                     torch.tensor(NEG_INF, dtype=dtype))  # (B,)
+                                     NEG_INF)  # (B,)
         return s["t"] < max_len and not bool((worst_finished > best_live).all())
 
     def step(s):
@@ -171,7 +172,7 @@ def _beam(model, src_ids, src_mask, *, max_len, beam_size, alpha, bos, eos, pad)
         live_seqs = _gather_beams(top_seqs, keep)
         live_logprobs = _gather_beams(alive_scores, keep)
         parent = _gather_beams(top_beams, keep)  # (B, K): the old beam each comes from
-        rows = (torch.arange(B)[:, None] * K + parent).reshape(B * K)
+        rows = (torch.arange(B, device=parent.device)[:, None] * K + parent).reshape(B * K)
         cache = [{**c, "self_k": c["self_k"][rows], "self_v": c["self_v"][rows]} for c in cache]
 
         # Finished: the K best of the old finished and those that ended now.
@@ -206,9 +207,9 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
     with _eval_mode(model):
         B = src_ids.shape[0]
         memory, _ = model.encode(src_ids, src_mask)
-        tokens = torch.full((B, 1), ids["bos"], dtype=torch.long)
-        scores = torch.zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
-        finished = torch.zeros(B, dtype=torch.bool)
+        tokens = src_ids.new_full((B, 1), ids["bos"])
+        scores = memory.new_zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
+        finished = src_ids.new_zeros(B, dtype=torch.bool)
         for _ in range(max_len):
             hidden, _, _ = model.decode(tokens, memory, src_mask)  # (B, T, D)
             log_probs = _log_softmax(model.project(hidden[:, -1:])[:, 0])  # (B, V)
@@ -217,6 +218,6 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
             tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
             if finished.all():
                 break
-        out = torch.full((B, max_len), ids["pad"], dtype=torch.long)
+        out = src_ids.new_full((B, max_len), ids["pad"])
         out[:, : tokens.shape[1] - 1] = tokens[:, 1:]
         return out, scores

@@ -255,6 +255,11 @@ class Transformer(nn.Module):
     def target_embedding(self) -> nn.Embedding:
         return self.shared_embed if self.config.share_embeddings else self.tgt_embed
 
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live; decoding makes its tensors there."""
+        return self.target_embedding().weight.device
+
     def embed(self, table: nn.Embedding, ids):  # (B, L) -> (B, L, D)
         if ids.shape[1] > self.config.max_len:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len "
@@ -347,11 +352,13 @@ class Transformer(nn.Module):
 
     # The checkpoint directory format (see transformer_core.checkpoint_dir).
     @classmethod
-    def from_pretrained(cls, directory, dtype: torch.dtype | None = None) -> "Transformer":
-        """Build from a checkpoint directory; `dtype` defaults to the file's."""
+    def from_pretrained(cls, directory, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "Transformer":
+        """Build from a checkpoint directory; `dtype` defaults to the file's,
+        `device` to the CPU."""
         config, tensors = checkpoint_dir.load_dir(directory)
         state_dict = {k: torch.from_numpy(v) for k, v in tensors.items()}
-        model = cls(config).to(dtype or next(iter(state_dict.values())).dtype)
+        model = cls(config).to(device=device, dtype=dtype or next(iter(state_dict.values())).dtype)
         model.load_state_dict(state_dict, strict=True)
         return model
 
