@@ -1,6 +1,7 @@
 """Layer-by-layer parity report: one checkpoint, both frameworks, the same batch.
 
-    python -m jax_transformer.parity CHECKPOINT_DIR [--sentences FILE] [--dtypes float32,float64]
+    python -m jax_transformer.parity CHECKPOINT_DIR [--sentences FILE]
+        [--dtypes float32 float64 bfloat16] [--device cpu|gpu]
 
 Loads the checkpoint into the Flax model and into torch_reference, runs the
 same batch through both one step at a time (embeddings; per layer the
@@ -8,7 +9,16 @@ attention weights, the attention sublayer output and the layer output; each
 stack's output; logits), and prints max |diff| and relative difference
 (max |diff| / max |torch|) for every tensor, in float32 and float64. The first
 tensor over the tolerance is flagged; the exit code is 1 when any is, so the
-report can gate CI. torch_reference is the reference side.
+report can gate CI. torch_reference is the reference side. Both run with
+pinned numerics (jax_transformer.numerics: float32 is IEEE float32 on every device).
+
+bfloat16 is mixed precision as users train: JAX computes in bfloat16 with
+float32 parameters, torch runs its float32 model under
+torch.autocast(bfloat16). The two apply bfloat16 to different operations, so
+they are not compared with each other elementwise: each is compared with
+torch_reference in float64, and a row passes when each side's relative RMS
+error is within 2x of the other's (numerics.mixed_precision_ok). The
+flagged rows are where one side is much further from exact than the other.
 
 Each framework propagates its own activations, so a row shows the error
 accumulated up to that point: the first flagged row is where parity breaks.
@@ -32,8 +42,11 @@ from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CheckpointError
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
+from jax_transformer.numerics import (MIXED_FACTOR, mixed_precision_ok, pinned_numerics,
+                                      relative_rms_error, rounding_error)
 
 DEFAULT_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+DTYPES = ("float32", "float64", "bfloat16")
 
 
 @dataclasses.dataclass
@@ -46,10 +59,21 @@ class Row:
 
 
 @dataclasses.dataclass
+class MixedRow:
+    """A bfloat16 row: each side's relative RMS error against float64."""
+    name: str
+    shape: tuple[int, ...]
+    jax_error: float
+    torch_error: float
+    ok: bool
+
+
+@dataclasses.dataclass
 class Report:
     dtype: str
     tolerance: float
-    rows: list[Row]
+    rows: list[Row] | list[MixedRow]
+    devices: str = ""
 
     @property
     def ok(self) -> bool:
@@ -143,11 +167,17 @@ def pick(calls: dict, config: TransformerConfig) -> dict:
 
 
 def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
+    """The report's tensors from one forward pass of the Flax model on JAX's default
+    device. bfloat16: bfloat16 compute, float32 parameters."""
     import jax.numpy as jnp
     from flax import nnx
 
     from jax_transformer.model import Transformer
-    model = Transformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype))
+    if dtype == "bfloat16":
+        model = Transformer.from_pretrained(directory, param_dtype=jnp.float32,
+                                            dtype=jnp.bfloat16)
+    else:
+        model = Transformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype))
     model = nnx.view(model, deterministic=True)
     forward = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)
     _, captured = forward(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32))
@@ -157,24 +187,32 @@ def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[s
     return {k: np.asarray(v) for k, v in pick(calls, model.config).items()}
 
 
-def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[str, np.ndarray]:
+def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray,
+                device: str = "cpu") -> dict[str, np.ndarray]:
+    """The report's tensors from one forward pass of torch_reference on `device`.
+    bfloat16: the float32 model under torch.autocast(bfloat16)."""
     import torch
 
     import torch_reference
-    model = torch_reference.Transformer.from_pretrained(directory, dtype=getattr(torch, dtype))
+    param_dtype = torch.float32 if dtype == "bfloat16" else getattr(torch, dtype)
+    model = torch_reference.Transformer.from_pretrained(directory, dtype=param_dtype,
+                                                        device=device)
     model.eval()
     calls: dict[str, list] = {}
     hooks = [module.register_forward_hook(
                  lambda _, __, output, name=name: calls.setdefault(name, []).append(output))
              for name, module in model.named_modules()]
+    autocast = torch.autocast(torch.device(device).type, torch.bfloat16,
+                              enabled=dtype == "bfloat16")
     try:
-        with torch.no_grad():
-            model(torch.from_numpy(src), torch.from_numpy(tgt))
+        with torch.no_grad(), autocast:
+            model(torch.as_tensor(src, device=device), torch.as_tensor(tgt, device=device))
     finally:
         for hook in hooks:
             hook.remove()
     calls["embed"] = calls["embed_dropout"]  # Transformer.embed ends with it
-    return {k: v.numpy() for k, v in pick(calls, model.config).items()}
+    return {k: v.detach().cpu().to(param_dtype).numpy()
+            for k, v in pick(calls, model.config).items()}
 
 
 def compare(reference: dict[str, np.ndarray], other: dict[str, np.ndarray], dtype: str,
@@ -194,28 +232,77 @@ def compare(reference: dict[str, np.ndarray], other: dict[str, np.ndarray], dtyp
     return Report(dtype, tolerance, rows)
 
 
-def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
-        src: np.ndarray | None = None, tgt: np.ndarray | None = None,
-        tolerances: dict[str, float] | None = None) -> list[Report]:
-    """Trace both frameworks on one batch per dtype and compare. float64 runs under
-    `jax.enable_x64`, so calling this does not change JAX's global setting."""
+def compare_mixed(reference: dict[str, np.ndarray], jax_side: dict[str, np.ndarray],
+                  torch_side: dict[str, np.ndarray]) -> Report:
+    """bfloat16 rows: each side against the float64 reference (mixed_precision_ok)."""
+    rows = []
+    for name, ref in reference.items():
+        errors = [relative_rms_error(side[name], ref) if side[name].shape == ref.shape
+                  else float("inf") for side in (jax_side, torch_side)]
+        ok = mixed_precision_ok(*errors, rounding_error(ref))
+        rows.append(MixedRow(name, tuple(ref.shape), *errors, ok))
+    return Report("bfloat16", MIXED_FACTOR, rows)
+
+
+def devices(device: str | None) -> tuple[object, str]:
+    """(JAX device, torch device name) for --device cpu|gpu; None: each framework's
+    default (JAX's default backend; CUDA for torch when it sees a GPU)."""
     import jax
     import torch
+    if device not in (None, "cpu", "gpu"):
+        raise InputError(f"--device must be cpu or gpu, got {device!r}")
+    if device == "gpu" and not torch.cuda.is_available():
+        raise InputError("--device gpu: torch sees no CUDA device (a CPU-only torch build?)")
+    try:
+        jax_device = jax.devices(device)[0] if device else jax.devices()[0]
+    except RuntimeError as e:
+        raise InputError(f"--device {device}: JAX has no such backend ({e})") from None
+    torch_device = "cuda" if device == "gpu" or (device is None and torch.cuda.is_available()) \
+        else "cpu"
+    return jax_device, torch_device
+
+
+def run(directory, dtypes: Sequence[str] = ("float32", "float64"), *,
+        src: np.ndarray | None = None, tgt: np.ndarray | None = None,
+        tolerances: dict[str, float] | None = None, device: str | None = None) -> list[Report]:
+    """Trace both frameworks on one batch per dtype and compare, with pinned numerics,
+    on `device` (cpu, gpu, or None for each framework's default). float64 runs under
+    `jax.enable_x64`, so calling this does not change JAX's global setting."""
+    import jax
     tolerances = {**DEFAULT_TOLERANCE, **(tolerances or {})}
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise InputError(f"dtypes must be among {', '.join(DTYPES)}, got {dtype!r}")
     config, _ = checkpoint_dir.load_dir(directory)
     if src is None or tgt is None:
         src, tgt = generated_batch(config)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    jax_device, torch_device = devices(device)
     reports = []
-    for dtype in dtypes:
-        if dtype not in DEFAULT_TOLERANCE:
-            raise InputError(f"dtype must be float32 or float64, got {dtype!r}")
-        with jax.enable_x64(dtype == "float64"), jax.default_matmul_precision("highest"):
-            ours = trace_jax(directory, dtype, src, tgt)
-        reference = trace_torch(directory, dtype, src, tgt)
-        reports.append(compare(reference, ours, dtype, tolerances[dtype]))
+    with pinned_numerics(), jax.default_device(jax_device):
+        for dtype in dtypes:
+            if dtype == "bfloat16":
+                with jax.enable_x64(False):
+                    ours = trace_jax(directory, dtype, src, tgt)
+                reports.append(compare_mixed(
+                    trace_torch(directory, "float64", src, tgt, torch_device), ours,
+                    trace_torch(directory, dtype, src, tgt, torch_device)))
+                continue
+            with jax.enable_x64(dtype == "float64"):
+                ours = trace_jax(directory, dtype, src, tgt)
+            reference = trace_torch(directory, dtype, src, tgt, torch_device)
+            reports.append(compare(reference, ours, dtype, tolerances[dtype]))
+    for report in reports:
+        report.devices = f"Flax on {jax_device.platform}:{jax_device.id}, " \
+                         f"torch_reference on {torch_device}"
     return reports
+
+
+PRECISION = {
+    "float32": "float32 parameters and compute; matmuls IEEE float32 (no TF32)",
+    "float64": "float64 parameters and compute",
+    "bfloat16": "JAX: bfloat16 compute, float32 parameters; torch: float32 parameters under "
+                "torch.autocast(bfloat16)",
+}
 
 
 def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | None = None) -> None:
@@ -223,15 +310,25 @@ def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | No
     if header:
         print(header, file=file)
     for report in reports:
-        print(f"\n{report.dtype}: Flax vs torch_reference, tolerance max|diff| <= "
-              f"{report.tolerance:.0e}", file=file)
+        print(f"\n{report.dtype}: {report.devices}\n  {PRECISION[report.dtype]}", file=file)
         width = max(len(r.name) for r in report.rows) + 2
-        print(f"  {'tensor':<{width}}{'shape':<18}{'max|diff|':>11}{'rel diff':>11}", file=file)
+        if report.dtype == "bfloat16":
+            print(f"  each side against torch_reference in float64 (relative RMS error); ok when "
+                  f"each is within {MIXED_FACTOR:g}x of the other's (errors under one bfloat16 "
+                  f"rounding of the tensor count as that)", file=file)
+            print(f"  {'tensor':<{width}}{'shape':<18}{'JAX error':>11}{'torch error':>12}",
+                  file=file)
+        else:
+            print(f"  Flax vs torch_reference, tolerance max|diff| <= {report.tolerance:.0e}",
+                  file=file)
+            print(f"  {'tensor':<{width}}{'shape':<18}{'max|diff|':>11}{'rel diff':>11}",
+                  file=file)
         first = report.first_failure
         for r in report.rows:
             flag = "ok" if r.ok else ("FAIL  <-- first over tolerance" if r is first else "FAIL")
-            print(f"  {r.name:<{width}}{str(r.shape):<18}{r.max_abs:>11.3e}{r.rel:>11.3e}  {flag}",
-                  file=file)
+            numbers = (f"{r.jax_error:>11.3e}{r.torch_error:>12.3e}" if isinstance(r, MixedRow)
+                       else f"{r.max_abs:>11.3e}{r.rel:>11.3e}")
+            print(f"  {r.name:<{width}}{str(r.shape):<18}{numbers}  {flag}", file=file)
         verdict = "PASS" if report.ok else f"FAIL (first: {first.name})"
         print(f"  {report.dtype}: {verdict}", file=file)
 
@@ -247,7 +344,11 @@ def report_command(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="checkpoint directory (config.json + model.safetensors)")
     parser.add_argument("--sentences", help="text file, one source sentence per line, tokenized "
                                             "with the checkpoint's tokenizer (default: random ids)")
-    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                        help=f"any of {', '.join(DTYPES)} (default: float32 float64)")
+    parser.add_argument("--device", choices=("cpu", "gpu"),
+                        help="where both frameworks run (default: JAX's default backend, "
+                             "torch on CUDA when it sees a GPU)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--src-len", type=int, default=9)
     parser.add_argument("--tgt-len", type=int, default=7)
@@ -266,8 +367,8 @@ def report_command(argv: list[str] | None = None) -> int:
         src, tgt = generated_batch(config, args.batch_size, args.src_len, args.tgt_len,
                                    args.seed)
         what = f"generated, seed {args.seed}"
-    reports = run(args.checkpoint, [d.strip() for d in args.dtypes.split(",") if d.strip()],
-                  src=src, tgt=tgt,
+    dtypes = [d for item in args.dtypes for d in item.split(",") if d]  # "a,b" works too
+    reports = run(args.checkpoint, dtypes, src=src, tgt=tgt, device=args.device,
                   tolerances={"float32": args.tol32, "float64": args.tol64})
     print_reports(reports, f"checkpoint {args.checkpoint}: batch {src.shape[0]} x src "
                            f"{src.shape[1]} / tgt {tgt.shape[1]} tokens ({what})")

@@ -1,9 +1,14 @@
 """What the parity tests share: config variants, model pairs with copied weights,
-test batches, comparisons. Imported by tests; fixtures live in conftest.py."""
+test batches, comparisons. Imported by tests; fixtures live in conftest.py.
+
+JAX runs on its default backend (JAX_PLATFORMS=cpu forces the CPU); torch on
+PARITY_TORCH_DEVICE, by default CUDA when torch sees a GPU, else the CPU.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +48,13 @@ CONFIGS = {
                                  final_norm=True),
 }
 DIRECTIONS = ("flax_to_torch", "torch_to_flax")
+TORCH_DEVICE = torch.device(os.environ.get("PARITY_TORCH_DEVICE")
+                            or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def to_torch(array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A numpy (or JAX) array as a torch tensor on TORCH_DEVICE."""
+    return torch.as_tensor(np.asarray(array), dtype=dtype, device=TORCH_DEVICE)
 
 
 def fast_tier(values, fast) -> list:
@@ -53,9 +65,19 @@ def fast_tier(values, fast) -> list:
 DTYPES = {"float32": (jnp.float32, torch.float32), "float64": (jnp.float64, torch.float64)}
 
 
+def skip_unless_float64() -> None:
+    """Skip (with the reason) where a framework's device has no float64."""
+    if jax.default_backend() == "tpu":
+        pytest.skip("TPUs have no float64: JAX would compute these cases in float32")
+    if TORCH_DEVICE.type == "mps":
+        pytest.skip("torch's MPS backend has no float64")
+
+
 @contextlib.contextmanager
 def precision(name: str):
     """float64 needs jax_enable_x64 before any array is made; scope it to the test."""
+    if name == "float64":
+        skip_unless_float64()
     with jax.enable_x64(name == "float64"):
         yield DTYPES[name]
 
@@ -97,8 +119,10 @@ def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0)
         perturb_flax(flax_model, seed)
         state_dict = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}
         torch_model.load_state_dict(state_dict)
+        torch_model.to(TORCH_DEVICE)
     else:
         perturb_torch(torch_model, seed)
+        torch_model.to(TORCH_DEVICE)
         load_torch_state_dict(flax_model, torch_model.state_dict())
     return nnx.view(flax_model, deterministic=True), torch_model.eval()
 

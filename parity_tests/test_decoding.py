@@ -2,7 +2,8 @@
 
 The search tests run in float64 (JAX's x64 mode is switched on by a fixture
 and off again after this module), where JAX and torch agree to ~1e-15, so the
-same tokens and scores within 1e-9 are a fair demand.
+same tokens and scores within 1e-9 are a fair demand; one test repeats the
+searches in float32.
 """
 
 import jax
@@ -16,7 +17,8 @@ import torch_reference
 from jax_transformer import TransformerConfig, pretrained
 from jax_transformer import decoding as jax_decoding
 from jax_transformer.model import Transformer
-from parity_tests.helpers import fast_tier
+from parity_tests.helpers import (TORCH_DEVICE, fast_tier, skip_unless_float64, to_numpy,
+                                  to_torch)
 from torch_reference import decoding as torch_decoding
 
 CONFIG = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=32, num_heads=4,
@@ -34,7 +36,7 @@ def source_batch():
 
 
 def torch_copy(model, dtype=torch.float32):
-    torch_model = torch_reference.Transformer(model.config).to(dtype)
+    torch_model = torch_reference.Transformer(model.config).to(TORCH_DEVICE, dtype)
     torch_model.load_state_dict({k: torch.from_numpy(v)
                                  for k, v in pretrained.to_torch_state_dict(model).items()})
     return torch_model.eval()
@@ -66,15 +68,15 @@ def test_cached_step_logits_equal_full_recompute(variant):
     np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=2e-5, rtol=0)
 
     with torch.no_grad():
-        full_t = torch_model(torch.tensor(src), torch.tensor(tgt)).numpy()
-        memory, _ = torch_model.encode(torch.tensor(src))
-        src_mask = torch.tensor(src != config.pad_id)[:, None, None, :]
+        full_t = to_numpy(torch_model(to_torch(src), to_torch(tgt)))
+        memory, _ = torch_model.encode(to_torch(src))
+        src_mask = to_torch(src != config.pad_id)[:, None, None, :]
         cache = torch_model.init_cache(memory, cache_len)
         steps = []
         for t in range(T):
-            logits, cache = torch_model.decode_step(torch.tensor(tgt[:, t:t + 1]), cache, t,
+            logits, cache = torch_model.decode_step(to_torch(tgt[:, t:t + 1]), cache, t,
                                                     src_mask)
-            steps.append(logits.numpy())
+            steps.append(to_numpy(logits))
     np.testing.assert_allclose(np.stack(steps, axis=1), full_t, atol=2e-5, rtol=0)
     np.testing.assert_allclose(full_t, full, atol=2e-5, rtol=0)
 
@@ -95,18 +97,19 @@ def test_cross_attention_keys_values_projected_once():
 def test_top_k_tie_breaking_agrees():
     x = np.random.RandomState(0).randint(0, 3, size=(4, 200)).astype(np.float64)
     jax_values, jax_indices = jax.lax.top_k(jnp.asarray(x, jnp.float32), 50)
-    torch_values, torch_indices = torch_decoding.top_k(torch.tensor(x), 50)
-    np.testing.assert_array_equal(np.asarray(jax_indices), torch_indices.numpy())
-    np.testing.assert_array_equal(np.asarray(jax_values), torch_values.numpy())
+    torch_values, torch_indices = torch_decoding.top_k(to_torch(x), 50)
+    np.testing.assert_array_equal(np.asarray(jax_indices), to_numpy(torch_indices))
+    np.testing.assert_array_equal(np.asarray(jax_values), to_numpy(torch_values))
     # and argmax (greedy): the first maximum on both sides
     assert int(jnp.argmax(jnp.asarray([1.0, 3.0, 3.0]))) == 1
-    assert int(torch.tensor([1.0, 3.0, 3.0]).argmax()) == 1
+    assert int(to_torch([1.0, 3.0, 3.0]).argmax()) == 1
 
 
 # ---------------------------------------------------------- searches, float64
 
 @pytest.fixture(scope="module")
 def x64():
+    skip_unless_float64()
     jax.config.update("jax_enable_x64", True)
     yield
     jax.config.update("jax_enable_x64", False)
@@ -136,7 +139,7 @@ def models(x64):
 
 def lengths(tokens, eos_id=CONFIG.eos_id):
     """Tokens up to and including eos; -1 where there is none."""
-    tokens = np.asarray(tokens)
+    tokens = to_numpy(tokens)
     ended = tokens == eos_id
     return np.where(ended.any(-1), ended.argmax(-1) + 1, -1)
 
@@ -158,8 +161,8 @@ def test_greedy_jax_equals_torch(models):
     jax_tokens, jax_scores = jax_decoding.greedy_search(model, source_batch(), max_len=MAX_LEN)
     torch_tokens, torch_scores = torch_decoding.greedy_search(torch_model, source_batch(),
                                                               max_len=MAX_LEN)
-    np.testing.assert_array_equal(np.asarray(jax_tokens), torch_tokens.numpy())
-    np.testing.assert_allclose(np.asarray(jax_scores), torch_scores.numpy(), atol=1e-9, rtol=0)
+    np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+    np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
     # after eos: pad only
     for row, n in zip(np.asarray(jax_tokens), lengths(jax_tokens)):
         if n > 0:
@@ -173,10 +176,29 @@ def test_beam_jax_equals_torch(models, alpha):
         model, source_batch(), max_len=MAX_LEN, beam_size=BEAM, alpha=alpha)
     torch_tokens, torch_scores = torch_decoding.beam_search(
         torch_model, source_batch(), max_len=MAX_LEN, beam_size=BEAM, alpha=alpha)
-    np.testing.assert_array_equal(np.asarray(jax_tokens), torch_tokens.numpy())
-    np.testing.assert_allclose(np.asarray(jax_scores), torch_scores.numpy(), atol=1e-9, rtol=0)
+    np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+    np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
     scores = np.asarray(jax_scores)
     assert (np.diff(scores, axis=1) <= 0).all()  # best beam first
+
+
+def test_float32_searches_jax_equal_torch(models):
+    """In float32 too (matmuls at full precision, as conftest pins them on every
+    device): the same greedy and beam tokens. Scores within float32 rounding."""
+    model64, _ = models
+    model = Transformer(model64.config, rngs=nnx.Rngs(0))  # float32
+    pretrained.load_torch_state_dict(model, {k: v.astype(np.float32) for k, v in
+                                             pretrained.to_torch_state_dict(model64).items()})
+    torch_model = torch_copy(model)
+    for search, kwargs in (("greedy_search", {}), ("beam_search", dict(beam_size=BEAM))):
+        jax_tokens, jax_scores = getattr(jax_decoding, search)(model, source_batch(),
+                                                               max_len=MAX_LEN, **kwargs)
+        torch_tokens, torch_scores = getattr(torch_decoding, search)(torch_model, source_batch(),
+                                                                     max_len=MAX_LEN, **kwargs)
+        assert np.asarray(jax_scores).dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens), search)
+        np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-5,
+                                   rtol=0, err_msg=search)
 
 
 def test_beam_scores_are_length_normalised_log_probs(models):
@@ -186,10 +208,11 @@ def test_beam_scores_are_length_normalised_log_probs(models):
     tokens, scores = torch_decoding.beam_search(torch_model, src, max_len=MAX_LEN,
                                                 beam_size=BEAM, alpha=0.6)
     best, n = tokens[:, 0], lengths(tokens[:, 0])
-    tgt_in = torch.cat([torch.full((len(src), 1), CONFIG.bos_id), best[:, :-1]], dim=1)
+    bos = torch.full((len(src), 1), CONFIG.bos_id, device=TORCH_DEVICE)
+    tgt_in = torch.cat([bos, best[:, :-1]], dim=1)
     with torch.no_grad():
-        log_probs = torch.log_softmax(torch_model(torch.tensor(src), tgt_in), dim=-1)
-    token_log_probs = log_probs.gather(-1, best[:, :, None])[..., 0].numpy()
+        log_probs = torch.log_softmax(torch_model(to_torch(src), tgt_in), dim=-1)
+    token_log_probs = to_numpy(log_probs.gather(-1, best[:, :, None])[..., 0])
     for i in np.flatnonzero(n > 0):
         expected = token_log_probs[i, : n[i]].sum() / ((5.0 + n[i]) / 6.0) ** 0.6
         assert abs(scores[i, 0].item() - expected) < 1e-9
@@ -203,8 +226,8 @@ def test_uncached_greedy_equals_cached(models):
             jax_decoding.greedy_search_uncached(model, source_batch(), max_len=MAX_LEN,
                                                 pad_to=MAX_LEN),  # one compilation
             torch_decoding.greedy_search_uncached(torch_model, source_batch(), max_len=MAX_LEN)):
-        np.testing.assert_array_equal(np.asarray(tokens), np.asarray(cached))
-        np.testing.assert_allclose(np.asarray(scores), np.asarray(cached_scores),
+        np.testing.assert_array_equal(to_numpy(tokens), to_numpy(cached))
+        np.testing.assert_allclose(to_numpy(scores), to_numpy(cached_scores),
                                    atol=1e-9, rtol=0)
 
 
@@ -225,8 +248,8 @@ def test_batched_equals_one_by_one(models, framework):
                                          (decoding.beam_search, beam)):
             kwargs = dict(beam_size=BEAM) if search is decoding.beam_search else {}
             one_tokens, one_scores = search(model, alone, max_len=MAX_LEN, **kwargs)
-            np.testing.assert_array_equal(np.asarray(one_tokens)[0], np.asarray(tokens)[i])
-            np.testing.assert_allclose(np.asarray(one_scores)[0], np.asarray(scores)[i],
+            np.testing.assert_array_equal(to_numpy(one_tokens)[0], to_numpy(tokens)[i])
+            np.testing.assert_allclose(to_numpy(one_scores)[0], to_numpy(scores)[i],
                                        atol=1e-9, rtol=0)
 
 

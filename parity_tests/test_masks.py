@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from jax_transformer import masks as jax_masks
-from parity_tests.helpers import CONFIGS, build_pair, precision, to_numpy
+from parity_tests.helpers import CONFIGS, TORCH_DEVICE, build_pair, precision, to_numpy, to_torch
 from torch_reference import masks as torch_masks
 
 IDS = {
@@ -24,8 +24,9 @@ def test_builders_agree(name):
     pad_id = 3 if name == "pad_id_3" else 0
     pairs = {
         "padding": (jax_masks.padding_mask(jnp.asarray(ids), pad_id),
-                    torch_masks.padding_mask(torch.from_numpy(ids), pad_id)),
-        "causal": (jax_masks.causal_mask(ids.shape[1]), torch_masks.causal_mask(ids.shape[1])),
+                    torch_masks.padding_mask(to_torch(ids), pad_id)),
+        "causal": (jax_masks.causal_mask(ids.shape[1]),
+                   torch_masks.causal_mask(ids.shape[1], TORCH_DEVICE)),
     }
     for kind, (a, b) in pairs.items():
         a, b = to_numpy(a), to_numpy(b)
@@ -46,7 +47,7 @@ def test_masked_keys_get_exactly_zero_weight(name, direction):
         flax_model, torch_model = build_pair(config, direction, dtypes)
         _, attention_f = flax_model(jnp.asarray(src), jnp.asarray(tgt), return_attention=True)
         with torch.no_grad():
-            _, attention_t = torch_model(torch.from_numpy(src), torch.from_numpy(tgt),
+            _, attention_t = torch_model(to_torch(src), to_torch(tgt),
                                          return_attention=True)
     src_keys_hidden = (src == 0)[:, None, None, :]  # (B, 1, 1, S)
     future_hidden = ~np.tri(tgt.shape[1], dtype=bool)[None, None]  # (1, 1, T, T)
@@ -71,7 +72,7 @@ def test_fully_padded_row_stays_finite(direction):
         flax_model, torch_model = build_pair(config, direction, dtypes)
         logits_f, attention_f = flax_model(jnp.asarray(src), jnp.asarray(tgt), return_attention=True)
         with torch.no_grad():
-            logits_t, attention_t = torch_model(torch.from_numpy(src), torch.from_numpy(tgt),
+            logits_t, attention_t = torch_model(to_torch(src), to_torch(tgt),
                                                 return_attention=True)
     for logits in (logits_f, logits_t):
         assert np.all(np.isfinite(to_numpy(logits)))

@@ -13,8 +13,8 @@ import torch
 
 from jax_transformer import masks as jax_masks
 from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
-from parity_tests.helpers import (CONFIGS, assert_close, build_pair, fast_tier, make_batches,
-                                  precision, to_numpy)
+from parity_tests.helpers import (CONFIGS, TORCH_DEVICE, assert_close, build_pair, fast_tier,
+                                  make_batches, precision, to_numpy, to_torch)
 from torch_reference import masks as torch_masks
 from torch_reference.training import label_smoothed_cross_entropy as torch_loss
 
@@ -24,7 +24,7 @@ F32_LOGITS, F32_HIDDEN, F32_WEIGHTS, F64_LOGITS = 1e-5, 1e-5, 1e-6, 1e-12
 def run_both(flax_model, torch_model, src, tgt, pad_id=0):
     """Encoder output, decoder output, logits and attention weights from each side."""
     outputs = []
-    sides = ((flax_model, jnp.asarray, jax_masks), (torch_model, torch.from_numpy, torch_masks))
+    sides = ((flax_model, jnp.asarray, jax_masks), (torch_model, to_torch, torch_masks))
     for model, as_ids, masks in sides:
         with torch.no_grad():
             s, t = as_ids(src), as_ids(tgt)
@@ -91,13 +91,14 @@ def test_every_attention_layer(name, direction):
                           queries, keys, key_ids))
         for what, attn_f, attn_t, q, kv, mask_spec in cases:
             if isinstance(mask_spec, str):
-                mask_f, mask_t = jax_masks.causal_mask(q.shape[1]), torch_masks.causal_mask(q.shape[1])
+                mask_f = jax_masks.causal_mask(q.shape[1])
+                mask_t = torch_masks.causal_mask(q.shape[1], TORCH_DEVICE)
             else:
                 mask_f = jax_masks.padding_mask(jnp.asarray(mask_spec), 0)
-                mask_t = torch_masks.padding_mask(torch.from_numpy(mask_spec), 0)
+                mask_t = torch_masks.padding_mask(to_torch(mask_spec), 0)
             out_f, weights_f = attn_f(jnp.asarray(q), jnp.asarray(kv), mask_f)
             with torch.no_grad():
-                out_t, weights_t = attn_t(torch.from_numpy(q), torch.from_numpy(kv), mask_t)
+                out_t, weights_t = attn_t(to_torch(q), to_torch(kv), mask_t)
             assert_close(out_f, out_t, F32_HIDDEN, f"{what} attention output")
             assert_close(weights_f, weights_t, F32_WEIGHTS, f"{what} attention weights")
 
@@ -115,9 +116,9 @@ def test_label_smoothed_loss(name, smoothing, direction):
         flax_model, torch_model = build_pair(config, direction, dtypes)
         logits_f = flax_model(jnp.asarray(src), jnp.asarray(tgt))
         with torch.no_grad():
-            logits_t = torch_model(torch.from_numpy(src), torch.from_numpy(tgt))
+            logits_t = torch_model(to_torch(src), to_torch(tgt))
         sum_f, count_f = jax_loss(logits_f, jnp.asarray(labels), config.pad_id, smoothing)
-        sum_t, count_t = torch_loss(logits_t, torch.from_numpy(labels), config.pad_id, smoothing)
+        sum_t, count_t = torch_loss(logits_t, to_torch(labels), config.pad_id, smoothing)
         # Changing the logits at pad labels must not change the loss.
         noisy = logits_f + 100.0 * jnp.asarray(labels == config.pad_id)[..., None]
         sum_noisy, _ = jax_loss(noisy, jnp.asarray(labels), config.pad_id, smoothing)

@@ -138,3 +138,26 @@ def test_cli_exit_codes(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "jax_transformer.parity",
                               str(tmp_path / "nothing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_bfloat16_rows_report_devices_and_catch_a_bad_weight(checkpoint, monkeypatch, capsys):
+    """bfloat16 rows: each side against float64; a mis-loaded weight is flagged at
+    the layer it is in, and nothing before it is."""
+    assert parity.main([str(checkpoint), *SHAPE_ARGS, "--dtypes", "bfloat16", "--device",
+                        "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16: Flax on cpu:0, torch_reference on cpu" in out
+    assert "torch.autocast(bfloat16)" in out and "bfloat16: PASS" in out
+    perturb_jax_loader(monkeypatch, ("decoder", "layers", 1, "cross_attn", "W_k", "kernel"))
+    src, tgt = parity.generated_batch(CONFIG, 2, 8, 6)
+    (report,) = parity.run(checkpoint, ["bfloat16"], src=src, tgt=tgt, device="cpu")
+    assert report.first_failure.name == "decoder.layers.1.cross_attn.weights"
+    assert rows_of(report)["decoder.layers.0.out"].ok and rows_of(report)["encoder.out"].ok
+
+
+def test_unknown_dtype_and_device_are_input_errors(checkpoint, capsys):
+    assert parity.main([str(checkpoint), "--dtypes", "float16"]) == 2
+    assert "float16" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
+        parity.main([str(checkpoint), "--device", "tpu"])
+    assert exit_info.value.code == 2

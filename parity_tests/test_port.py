@@ -23,7 +23,7 @@ from flax import nnx
 
 import torch_reference
 from jax_transformer import port
-from parity_tests.helpers import fast_tier
+from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
@@ -67,15 +67,15 @@ def target_batch(vocab: int, bos: int, seed: int = 1):
 def load_ours(directory, dtype: str):
     flax_model = nnx.view(FlaxTransformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype)),
                           deterministic=True)
-    torch_model = torch_reference.Transformer.from_pretrained(directory,
-                                                              dtype=getattr(torch, dtype)).eval()
+    torch_model = torch_reference.Transformer.from_pretrained(
+        directory, dtype=getattr(torch, dtype), device=TORCH_DEVICE).eval()
     return flax_model, torch_model
 
 
 def our_logits(flax_model, torch_model, src, tgt):
     flax_out = np.asarray(flax_model(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32)))
     with torch.no_grad():
-        torch_out = torch_model(torch.as_tensor(src), torch.as_tensor(tgt)).numpy()
+        torch_out = to_numpy(torch_model(to_torch(src), to_torch(tgt)))
     return flax_out, torch_out
 
 
@@ -131,16 +131,16 @@ def make_marian(tmp_path, weights="safetensors", **overrides):
         src_dir.mkdir()
         model.config.to_json_file(src_dir / "config.json")
         torch.save(model.state_dict(), src_dir / "pytorch_model.bin")
-    return model, src_dir
+    return model.to(TORCH_DEVICE), src_dir
 
 
 def marian_logits_fn(model):
     def logits(src, tgt):
-        src_t = torch.as_tensor(src)
+        src_t = to_torch(src)
         with torch.no_grad():
             out = model(input_ids=src_t, attention_mask=(src_t != model.config.pad_token_id),
-                        decoder_input_ids=torch.as_tensor(tgt)).logits
-        return out.numpy()
+                        decoder_input_ids=to_torch(tgt)).logits
+        return to_numpy(out)
     return logits
 
 
@@ -176,8 +176,8 @@ def test_marian_float64_from_pytorch_model_bin(tmp_path):
     # float64 source the exact table (it equals ours: see test_marian_positions_equal_ours).
     for stack in (model.model.encoder, model.model.decoder):
         table = stack.embed_positions.weight
-        table.data = torch.tensor(sinusoidal_positions(table.shape[0], table.shape[1],
-                                                       "half_split"))
+        table.data = to_torch(sinusoidal_positions(table.shape[0], table.shape[1],
+                                                   "half_split"))
     src, tgt = source_batch(100, PAD, EOS), target_batch(100, PAD)
     with jax.enable_x64(True):
         assert_matches(marian_logits_fn(model), out_dir, src, tgt, PAD, PAD, "float64", 1e-10,
@@ -297,7 +297,8 @@ class NNTransformerModel(nn.Module):
 
     def forward(self, src, tgt):
         src_pad = src == self.pad  # torch masks: True = NOT allowed
-        causal = torch.triu(torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool), 1)
+        causal = torch.triu(torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool,
+                                       device=tgt.device), 1)
         out = self.transformer(self.embed(self.src_tok_emb, src), self.embed(self.tgt_tok_emb, tgt),
                                tgt_mask=causal, src_key_padding_mask=src_pad,
                                memory_key_padding_mask=src_pad)
@@ -317,13 +318,13 @@ def make_nn(tmp_path, **kwargs):
     perturb_(model)
     path = tmp_path / "nn.pt"
     torch.save(model.state_dict(), path)
-    return model, path
+    return model.to(TORCH_DEVICE), path
 
 
 def nn_logits_fn(model):
     def logits(src, tgt):
         with torch.no_grad():
-            return model(torch.as_tensor(src), torch.as_tensor(tgt)).numpy()
+            return to_numpy(model(to_torch(src), to_torch(tgt)))
     return logits
 
 
@@ -373,9 +374,9 @@ def test_torch_nn_transformer_in_proj_is_split_q_k_v(tmp_path):
     d = 32
     for j, name in enumerate(("W_q", "W_k", "W_v")):
         np.testing.assert_array_equal(ours[f"decoder.layers.1.cross_attn.{name}.weight"],
-                                      attn.in_proj_weight[j * d:(j + 1) * d].detach().numpy())
+                                      to_numpy(attn.in_proj_weight[j * d:(j + 1) * d]))
     np.testing.assert_array_equal(ours["decoder.layers.1.ffn_norm.weight"],
-                                  model.transformer.decoder.layers[1].norm3.weight.detach().numpy())
+                                  to_numpy(model.transformer.decoder.layers[1].norm3.weight))
 
 
 def test_torch_nn_transformer_needs_heads_and_names_leftovers(tmp_path, capsys):
@@ -435,7 +436,7 @@ def test_torch_reference_state_dict(tmp_path, bundle):
         assert torch.equal(loaded.state_dict()[key], value), key  # bit-exact
     src, tgt = source_batch(100, pad=0, eos=3), target_batch(100, bos=2)
     with torch.no_grad():
-        expected = model(torch.as_tensor(src), torch.as_tensor(tgt)).numpy()
+        expected = to_numpy(model.to(TORCH_DEVICE)(to_torch(src), to_torch(tgt)))
     flax_model, torch_model = load_ours(tmp_path / "ours", "float32")
     flax_out, torch_out = our_logits(flax_model, torch_model, src, tgt)
     np.testing.assert_array_equal(torch_out, expected)

@@ -12,7 +12,7 @@ from flax import nnx
 from transformer_core import checkpoint_dir
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
-from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision
+from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision, to_numpy, to_torch
 from torch_reference import training as torch_training
 
 TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared"]
@@ -35,7 +35,7 @@ def make_batch(config, seed: int, rows: int = 3, src_len: int = 7, tgt_len: int 
 
 
 def torch_batch(batch):
-    return {k: torch.from_numpy(v.astype(np.int64)) for k, v in batch.items()}
+    return {k: to_torch(v, torch.long) for k, v in batch.items()}
 
 
 def jax_gradients(flax_model, batch, smoothing):
@@ -66,7 +66,7 @@ def test_gradients_match(name, dtype, direction):
     loss_sum, tokens = torch_training.label_smoothed_cross_entropy(
         torch_model(tb["src"], tb["tgt_in"]), tb["tgt_out"], config.pad_id, 0.1)
     (loss_sum / tokens).backward()
-    grads_t = {k: p.grad.numpy() for k, p in torch_model.named_parameters()}
+    grads_t = {k: to_numpy(p.grad) for k, p in torch_model.named_parameters()}
     assert sorted(grads_f) == sorted(grads_t)
     largest = max(np.max(np.abs(g)) for g in grads_t.values())
     for key, g_t in grads_t.items():
@@ -113,7 +113,7 @@ def test_ten_optimizer_steps_match(name, accumulate, direction):
             jax_losses.append(float(metrics["loss"]))
             jax_norms.append(float(metrics["grad_norm"]))
         jax_params = to_torch_state_dict(trainer.model(state))
-    initial = {k: p.detach().numpy().copy() for k, p in torch_model.named_parameters()}
+    initial = {k: to_numpy(p).copy() for k, p in torch_model.named_parameters()}
 
     optimizer, scheduler = torch_training.make_optimizer(
         torch_model.train(), torch_training.paper_schedule(config.d_model, warmup, scale=2.0))
@@ -129,7 +129,7 @@ def test_ten_optimizer_steps_match(name, accumulate, direction):
     np.testing.assert_allclose(jax_losses, torch_losses, rtol=0, atol=1e-10)
     np.testing.assert_allclose(jax_norms, torch_norms, rtol=1e-10)
     for key, p in torch_model.named_parameters():
-        torch_value = p.detach().numpy()
+        torch_value = to_numpy(p)
         if key.endswith("W_k.bias"):
             # Its gradient is exactly zero (softmax ignores the per-row shift q.b_k),
             # so each side's gradient is ~1e-17 rounding noise, which Adam amplifies by

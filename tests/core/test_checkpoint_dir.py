@@ -17,7 +17,7 @@ from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CheckpointError
 from jax_transformer.model import Transformer as FlaxTransformer
 from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
-from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision
+from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision, to_numpy
 from torch_reference.model import Transformer as TorchTransformer
 
 CONFIG = CONFIGS["untied_bias"]
@@ -58,7 +58,7 @@ def test_round_trip_is_bit_exact(tmp_path, name, dtype):
 def test_in_memory_conversion_both_ways():
     with precision("float32") as dtypes:
         flax_model, torch_model = build_pair(CONFIG, "torch_to_flax", dtypes)
-        torch_state = {k: v.numpy() for k, v in torch_model.state_dict().items()}
+        torch_state = {k: to_numpy(v) for k, v in torch_model.state_dict().items()}
         assert_bit_exact(torch_state, to_torch_state_dict(flax_model))
 
 
