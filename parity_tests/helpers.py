@@ -119,11 +119,10 @@ def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0)
         perturb_flax(flax_model, seed)
         state_dict = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}
         torch_model.load_state_dict(state_dict)
-        torch_model.to(TORCH_DEVICE)
     else:
         perturb_torch(torch_model, seed)
-        torch_model.to(TORCH_DEVICE)
         load_torch_state_dict(flax_model, torch_model.state_dict())
+    torch_model.to(TORCH_DEVICE)
     return nnx.view(flax_model, deterministic=True), torch_model.eval()
 
 
