@@ -182,6 +182,7 @@ def test_beam_jax_equals_torch(models, alpha):
     assert (np.diff(scores, axis=1) <= 0).all()  # best beam first
 
 
+@pytest.mark.slow
 def test_float32_searches_jax_equal_torch(models):
     """In float32 too (matmuls at full precision, as conftest pins them on every
     device): the same greedy and beam tokens. Scores within float32 rounding."""

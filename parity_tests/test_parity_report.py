@@ -140,6 +140,7 @@ def test_cli_exit_codes(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+@pytest.mark.slow
 def test_bfloat16_rows_report_devices_and_catch_a_bad_weight(checkpoint, monkeypatch, capsys):
     """bfloat16 rows: each side against float64; a mis-loaded weight is flagged at
     the layer it is in, and nothing before it is."""
