@@ -72,13 +72,12 @@ def torch_side(model, batch, smoothing: float = 0.1) -> dict[str, np.ndarray]:
     loss_sum, tokens = torch_loss(logits, labels, model.config.pad_id, smoothing)
     (loss_sum / tokens).backward()
     real = labels != model.config.pad_id
-    real_logits, real_labels = logits[real], labels[real]  # (N, V), (N,)
+    token_loss = torch.func.vmap(lambda row, label: torch_loss(
+        row[None, None], label[None, None], model.config.pad_id, smoothing)[0])
     with torch.no_grad():
-        token_losses = [torch_loss(real_logits[i:i + 1, None], real_labels[i:i + 1, None],
-                                   model.config.pad_id, smoothing)[0]
-                        for i in range(len(real_labels))]
+        token_losses = token_loss(logits[real], labels[real])  # (N,)
     return {"logits": to_numpy(logits.detach().double()),
-            "loss": to_numpy(torch.stack(token_losses).double()),
+            "loss": to_numpy(token_losses.double()),
             "gradients": np.concatenate([to_numpy(p.grad.double()).ravel()
                                          for _, p in sorted(model.named_parameters())])}
 
