@@ -164,8 +164,8 @@ def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str,
             raise CheckpointError(f"{directory} has no {name}")
     try:
         config = TransformerConfig.from_json(directory / CONFIG_FILE)
-    except (ConfigError, TypeError) as e:
-        raise CheckpointError(f"{directory / CONFIG_FILE}: {e}") from e
+    except ConfigError as e:  # the message names the file
+        raise CheckpointError(str(e)) from e
     try:
         tensors = safetensors.numpy.load_file(directory / WEIGHTS_FILE)
     except (safetensors.SafetensorError, OSError, ValueError) as e:

@@ -6,14 +6,13 @@ Pure Python: importing it pulls in neither JAX nor torch. Defaults are the paper
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import typing
 from typing import Any, Literal
 
 from transformer_core.errors import InputError
-
-ACTIVATIONS = ("relu", "gelu", "silu")
-POSITION_LAYOUTS = ("interleaved", "half_split")
 
 
 class ConfigError(InputError):
@@ -46,11 +45,18 @@ class TransformerConfig:
     output_bias: bool = False  # bias on the pre-softmax projection
 
     def __post_init__(self):
+        for name, annotation in _field_types().items():
+            value = getattr(self, name)
+            if not _has_type(value, annotation):
+                raise ConfigError(f"{name} must be {_describe(annotation)}, got {value!r} "
+                                  f"({type(value).__name__})")
+            if annotation is float:  # an int from JSON ("dropout": 0) is stored as a float
+                object.__setattr__(self, name, float(value))
         positive = ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                     "num_encoder_layers", "num_decoder_layers", "max_len")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.num_heads:
             raise ConfigError(
@@ -59,11 +65,6 @@ class TransformerConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not self.layer_norm_eps > 0:
             raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.position_layout not in POSITION_LAYOUTS:
-            raise ConfigError(
-                f"position_layout must be one of {POSITION_LAYOUTS}, got {self.position_layout!r}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
@@ -98,6 +99,7 @@ class TransformerConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "TransformerConfig":
+        """Read a config.json; every error names the file."""
         try:
             with open(path) as f:
                 values = json.load(f)
@@ -105,4 +107,29 @@ class TransformerConfig:
             raise ConfigError(f"{path} is not valid JSON: {e}") from e
         if not isinstance(values, dict):
             raise ConfigError(f"{path} must hold a JSON object, got {type(values).__name__}")
-        return cls.from_dict(values)
+        try:
+            return cls.from_dict(values)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Each field's annotation, evaluated (this module's annotations are strings)."""
+    return typing.get_type_hints(TransformerConfig)
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    """bool only for bool, int not bool for int, int or float (not bool) for float,
+    one of the listed strings for a Literal."""
+    if typing.get_origin(annotation) is Literal:
+        return isinstance(value, str) and value in typing.get_args(annotation)
+    if isinstance(value, bool):
+        return annotation is bool
+    return isinstance(value, (int, float) if annotation is float else annotation)
+
+
+def _describe(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(annotation)))
+    return {bool: "a boolean (true or false)", int: "an integer", float: "a number"}[annotation]

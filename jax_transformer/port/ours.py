@@ -8,7 +8,7 @@ from typing import Mapping
 
 from jax_transformer.port.reading import PortError, read_weights, torch_load
 from transformer_core import checkpoint_dir
-from transformer_core.config import TransformerConfig
+from transformer_core.config import ConfigError, TransformerConfig
 
 
 def convert_torch_reference(src: str | Path, out_dir: str | Path,
@@ -21,7 +21,10 @@ def convert_torch_reference(src: str | Path, out_dir: str | Path,
     else:
         obj = torch_load(Path(src)) if Path(src).suffix != ".safetensors" else None
         if isinstance(obj, Mapping) and isinstance(obj.get("config"), Mapping):
-            config = TransformerConfig.from_dict(dict(obj["config"]))
+            try:
+                config = TransformerConfig.from_dict(dict(obj["config"]))
+            except ConfigError as e:
+                raise PortError(f"{src}: {e}") from e
     if config is None:
         raise PortError("--config config.json is required: the state dict does not carry one")
     tensors = read_weights(src)

@@ -53,6 +53,9 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
         raise PortError(f"unknown torch-nn-transformer mapping field(s): {', '.join(unknown)}")
     if spec["num_heads"] is None:
         raise PortError("--num-heads is required: nn.Transformer's nhead is not in the state dict")
+    if not isinstance(spec["norm_first"], bool):  # the config's pre_norm, under another name
+        raise PortError(f"mapping field norm_first must be a boolean (true or false), got "
+                        f"{spec['norm_first']!r}")
     prefix = spec["transformer"]
     if prefix is None:
         hits = [k[: -len("encoder.layers.0.self_attn.in_proj_weight")] for k in sd
@@ -145,18 +148,18 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
             out["output_projection.bias"] = c.take(f"{out_name}.bias")
     c.check_all_used(hint="; name them in the mapping (src_embed, tgt_embed, output) or drop "
                           "them with --ignore PREFIX")
-    try:
+    try:  # the mapping's values as given: the config checks their types
         config = TransformerConfig(
             src_vocab_size=src_table.shape[0], tgt_vocab_size=tgt_table.shape[0], d_model=d,
-            num_heads=int(spec["num_heads"]), d_ff=out["encoder.layers.0.ffn.W_1.weight"].shape[0],
-            num_encoder_layers=n_enc, num_decoder_layers=n_dec, dropout=float(spec["dropout"]),
-            max_len=int(spec["max_len"]), pad_id=int(spec["pad_id"]), bos_id=int(spec["bos_id"]),
-            eos_id=int(spec["eos_id"]), pre_norm=bool(spec["norm_first"]), final_norm=True,
-            activation=spec["activation"], layer_norm_eps=float(spec["layer_norm_eps"]),
-            scale_embeddings=bool(spec["scale_embeddings"]),
+            num_heads=spec["num_heads"], d_ff=out["encoder.layers.0.ffn.W_1.weight"].shape[0],
+            num_encoder_layers=n_enc, num_decoder_layers=n_dec, dropout=spec["dropout"],
+            max_len=spec["max_len"], pad_id=spec["pad_id"], bos_id=spec["bos_id"],
+            eos_id=spec["eos_id"], pre_norm=spec["norm_first"], final_norm=True,
+            activation=spec["activation"], layer_norm_eps=spec["layer_norm_eps"],
+            scale_embeddings=spec["scale_embeddings"],
             position_layout=spec["position_layout"], share_embeddings=share, tie_output=tie,
             output_bias=has_bias)
-    except (ConfigError, TypeError, ValueError) as e:  # ValueError: e.g. int("eight")
+    except ConfigError as e:
         raise PortError(f"torch.nn.Transformer mapping gives an invalid config: {e}") from e
     return config, out
 

@@ -126,6 +126,18 @@ def test_invalid_config_names_the_field(saved):
         assert "num_heads" in message
 
 
+@pytest.mark.parametrize("field, value", [("pre_norm", "false"), ("dropout", "0.1"),
+                                          ("layer_norm_eps", None)])
+def test_badly_typed_config_value_names_file_and_field(saved, field, value):
+    """A string "false" must not load as a pre-norm model; nor may any other wrong type."""
+    path = saved / checkpoint_dir.CONFIG_FILE
+    values = json.loads(path.read_text())
+    values[field] = value
+    path.write_text(json.dumps(values))
+    for message in load_with_both(saved):
+        assert message.startswith(f"{path}: {field} must be")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_corrupt_or_truncated_file(saved, damage):
     path = saved / checkpoint_dir.WEIGHTS_FILE

@@ -1,6 +1,7 @@
 """The model config: validation names the bad field, JSON round trips."""
 
 import json
+import re
 
 import pytest
 
@@ -51,3 +52,37 @@ def test_unknown_field_and_bad_json(tmp_path):
     (tmp_path / "b.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         TransformerConfig.from_json(tmp_path / "b.json")
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("pre_norm", "false", "a boolean (true or false)"),  # a string "false" must not mean pre-norm
+    ("pre_norm", "yes", "a boolean (true or false)"),
+    ("tie_output", 1, "a boolean (true or false)"),
+    ("d_model", True, "an integer"),
+    ("num_heads", 8.0, "an integer"),
+    ("pad_id", "0", "an integer"),
+    ("dropout", "0.1", "a number"),
+    ("layer_norm_eps", None, "a number"),
+    ("dropout", False, "a number"),
+    ("activation", 1, "one of 'relu', 'gelu', 'silu'"),
+    ("position_layout", None, "one of 'interleaved', 'half_split'"),
+])
+def test_every_field_is_type_checked(field, value, expected):
+    with pytest.raises(ConfigError) as info:
+        TransformerConfig.from_dict({field: value})
+    assert str(info.value) == f"{field} must be {expected}, got {value!r} ({type(value).__name__})"
+
+
+def test_integers_are_accepted_as_floats_and_round_trip(tmp_path):
+    config = TransformerConfig(dropout=0, layer_norm_eps=1)
+    assert (config.dropout, config.layer_norm_eps) == (0.0, 1.0)
+    assert type(config.dropout) is float and type(config.layer_norm_eps) is float
+    config.to_json(tmp_path / "config.json")
+    assert TransformerConfig.from_json(tmp_path / "config.json") == config
+
+
+def test_a_bad_config_file_is_named(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"pre_norm": "false"}))
+    message = f"{tmp_path / 'bad.json'}: pre_norm must be a boolean"
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        TransformerConfig.from_json(tmp_path / "bad.json")
