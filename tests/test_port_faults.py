@@ -1,15 +1,21 @@
-"""python -m jax_transformer.port on bad input: one `error: ...` line naming the file,
-exit 2, nothing written."""
+"""python -m jax_transformer.port on bad input: one `error: ...` line naming the file, exit 2,
+nothing written; and the files it writes are readable by others, as open() would make them."""
 
 import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import torch_reference
 from jax_transformer import port
+from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 
+ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8, num_heads=2, d_ff=16,
                            num_encoder_layers=1, num_decoder_layers=1, max_len=16)
 
@@ -62,3 +68,21 @@ def test_badly_typed_torch_nn_mapping_is_an_error(tmp_path, capsys):
                           "--mapping", tmp_path / "map.json"], capsys)
     assert_one_error_line(code, err, "norm_first", "'false'")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_command_line_writes_files_others_can_read(tmp_path):
+    """Under umask 022 the exported files are 0644, as any file open() makes, not 0600."""
+    torch.save(state_dict(), tmp_path / "model.pt")
+    CONFIG.to_json(tmp_path / "config.json")
+    (tmp_path / "spm.model").write_bytes(b"a tokenizer")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["sh", "-c", 'umask 022 && exec "$@"', "sh", sys.executable, "-m", "jax_transformer.port",
+         "--from", "torch-reference", str(tmp_path / "model.pt"), str(out), "--config",
+         str(tmp_path / "config.json"), "--tokenizer", str(tmp_path / "spm.model")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()}
+    assert modes == {checkpoint_dir.CONFIG_FILE: "0o644", checkpoint_dir.WEIGHTS_FILE: "0o644",
+                     checkpoint_dir.TOKENIZER_FILE: "0o644"}

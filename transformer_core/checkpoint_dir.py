@@ -18,10 +18,11 @@ The Flax <-> torch naming rule is written once, in `flax_path_to_torch_key`:
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import safetensors
@@ -136,22 +137,28 @@ def save_dir(directory: str | os.PathLike, config: TransformerConfig,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-
-    def write_atomically(name, write):
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, directory / name)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-
-    write_atomically(WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(arrays, p))
-    write_atomically(CONFIG_FILE, config.to_json)
+    write_atomically(directory / WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(arrays, p))
+    write_atomically(directory / CONFIG_FILE, config.to_json)
     if tokenizer is not None and Path(tokenizer).resolve() != (directory / TOKENIZER_FILE).resolve():
-        write_atomically(TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer, p))
+        write_atomically(directory / TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer, p))
     return directory
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` to a new file beside `path`, then rename it to `path`: a reader (or a
+    failed write) sees the old file or the new one, never part of one. The file gets
+    the mode open() gives (0o666 & ~umask), not mkstemp's 0o600."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, mode)  # safetensors' save_file makes its file 0o600 whatever the umask
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str, np.ndarray]]:

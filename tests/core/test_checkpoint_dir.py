@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -177,6 +179,24 @@ def test_bad_state_dict_leaves_models_untouched():
 def test_save_is_atomic_and_leaves_no_temporary_files(saved):
     names = sorted(p.name for p in saved.iterdir())
     assert names == [checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002], ids=["umask022", "umask002"])
+def test_saved_files_get_the_mode_open_would_give(tmp_path, umask):
+    """Not mkstemp's 0600: others on a shared machine can read an exported model."""
+    config = CONFIG.replace(num_encoder_layers=1, num_decoder_layers=1)
+    tensors = {k: np.zeros(shape, np.float32)
+               for k, shape in checkpoint_dir.expected_shapes(config).items()}
+    (tmp_path / "spm.model").write_bytes(b"a tokenizer")
+    previous = os.umask(umask)
+    try:
+        directory = checkpoint_dir.save_dir(tmp_path / "ckpt", config, tensors,
+                                            tokenizer=tmp_path / "spm.model")
+    finally:
+        os.umask(previous)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in directory.iterdir()}
+    assert modes == {name: oct(0o666 & ~umask) for name in (
+        checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE, checkpoint_dir.TOKENIZER_FILE)}
 
 
 def test_torch_reference_runs_without_jax(saved):
