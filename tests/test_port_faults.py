@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 import torch_reference
@@ -18,6 +19,10 @@ from transformer_core.config import TransformerConfig
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8, num_heads=2, d_ff=16,
                            num_encoder_layers=1, num_decoder_layers=1, max_len=16)
+MARIAN_CONFIG = {"model_type": "marian", "vocab_size": 10, "pad_token_id": 9, "d_model": 8,
+                 "encoder_attention_heads": 2, "decoder_attention_heads": 2,
+                 "encoder_ffn_dim": 16, "decoder_ffn_dim": 16, "encoder_layers": 1,
+                 "decoder_layers": 1, "max_position_embeddings": 16}
 
 
 def state_dict():
@@ -35,6 +40,58 @@ def assert_one_error_line(code, err, *parts):
     assert len(err.splitlines()) == 1 and err.startswith("error: "), err
     for part in parts:
         assert part in err
+
+
+def truncate(path: Path, fraction: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+
+
+@pytest.mark.parametrize("name, legacy, fraction", [
+    ("model.safetensors", False, 0.5),
+    ("model.safetensors", False, 0.001),  # not even the header
+    ("model.pt", False, 0.5),
+    ("model.pt", False, 0.0),
+    ("pytorch_model.bin", True, 0.1),  # an EOFError without a message
+    ("pytorch_model.bin", True, 0.9),
+])
+def test_truncated_weights_are_one_error_line(tmp_path, capsys, name, legacy, fraction):
+    path = tmp_path / name
+    if name.endswith(".safetensors"):
+        safetensors.torch.save_file(state_dict(), path)
+    else:
+        torch.save(state_dict(), path, _use_new_zipfile_serialization=not legacy)
+    truncate(path, fraction)
+    CONFIG.to_json(tmp_path / "config.json")
+    code, err = run_port(["--from", "torch-reference", path, tmp_path / "out", "--config",
+                          tmp_path / "config.json"], capsys)
+    assert_one_error_line(code, err, f"error: cannot read {path}: ", "corrupt or truncated")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_truncated_marian_weights_are_one_error_line(tmp_path, capsys, weights):
+    src = tmp_path / "marian"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(MARIAN_CONFIG))
+    # a cut-off safetensors header; as a pickle, opcode 64 makes torch.load explain
+    # weights_only=False in seven lines
+    (src / weights).write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{\"a\":")
+    code, err = run_port(["--from", "hf-marian", src, tmp_path / "out"], capsys)
+    assert_one_error_line(code, err, f"cannot read {src / weights}: ", "corrupt or truncated")
+
+
+@pytest.mark.parametrize("name, text", [("config.json", "{\"model_type\": \"mar"),
+                                        ("config.json", "[1, 2]"),
+                                        ("model.safetensors.index.json", "{\"weight_map"),
+                                        ("model.safetensors.index.json", "{}")])
+def test_bad_marian_json_is_one_error_line(tmp_path, capsys, name, text):
+    src = tmp_path / "marian"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(MARIAN_CONFIG))
+    (src / name).write_text(text)
+    code, err = run_port(["--from", "hf-marian", src, tmp_path / "out"], capsys)
+    assert_one_error_line(code, err, str(src / name))
 
 
 @pytest.mark.parametrize("field, value", [("dropout", "0.1"), ("pre_norm", "false")])

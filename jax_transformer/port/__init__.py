@@ -1,6 +1,6 @@
 """Convert checkpoints trained elsewhere into our checkpoint directory.
 
-    reading.py           safetensors and torch pickles (weights_only), TensorConsumer, PortError
+    reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
     marian.py            Hugging Face Marian / opus-mt
     marian_tokenizer.py  Marian's source.spm / target.spm + vocab.json
     torch_nn.py          models wrapping torch.nn.Transformer

@@ -9,7 +9,6 @@ read by `marian_tokenizer.MarianTokenizer`.
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from pathlib import Path
@@ -18,7 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from jax_transformer.port.marian_tokenizer import MarianTokenizer
-from jax_transformer.port.reading import PortError, TensorConsumer, read_weights
+from jax_transformer.port.reading import (PortError, TensorConsumer, read_json_object,
+                                          read_weights)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
@@ -178,8 +178,7 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
     src_dir = Path(src_dir)
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face Marian directory)")
-    hf_config = json.loads((src_dir / "config.json").read_text())
-    config = marian_config(hf_config)
+    config = marian_config(read_json_object(src_dir / "config.json"))
     tensors = marian_tensors(_read_hf_weights(src_dir), config)
     checkpoint_dir.save_dir(out_dir, config, tensors)
     copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
@@ -195,8 +194,11 @@ def _read_hf_weights(src_dir: Path) -> dict[str, np.ndarray]:
         return read_weights(src_dir / "model.safetensors")
     index = src_dir / "model.safetensors.index.json"
     if index.is_file():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise PortError(f"{index} has no weight_map object")
         tensors = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        for shard in sorted(set(weight_map.values())):
             tensors.update(read_weights(src_dir / shard))
         return tensors
     if (src_dir / "pytorch_model.bin").is_file():

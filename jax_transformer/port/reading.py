@@ -1,14 +1,17 @@
 """Reading source weights: safetensors, or torch pickles opened safely.
 
 Pickles are read with `torch.load(weights_only=True)`, so a checkpoint cannot
-run code; safetensors need no torch at all. Converters take tensors out of a
-`TensorConsumer`, which names every tensor nobody asked for.
+run code; safetensors need no torch at all. A file that cannot be read (cut
+off, corrupt, not JSON) is a one-line PortError naming it. Converters take
+tensors out of a `TensorConsumer`, which names every tensor nobody asked for.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -30,12 +33,7 @@ def read_weights(path: str | Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise PortError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
-        import safetensors.numpy
-        try:
-            return dict(safetensors.numpy.load_file(path))
-        except (TypeError, ValueError):  # e.g. bfloat16, which numpy lacks: go through torch
-            import safetensors.torch
-            return {k: torch_to_numpy(v) for k, v in safetensors.torch.load_file(path).items()}
+        return read_safetensors(path)
     obj = torch_load(path)
     if isinstance(obj, Mapping):
         for wrapper in ("state_dict", "model"):
@@ -52,6 +50,20 @@ def read_weights(path: str | Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """A .safetensors file as numpy arrays; bfloat16, which numpy lacks, goes through torch."""
+    import safetensors
+    import safetensors.numpy
+    try:
+        try:
+            return dict(safetensors.numpy.load_file(path))
+        except (TypeError, ValueError):  # a dtype numpy lacks
+            import safetensors.torch
+            return {k: torch_to_numpy(v) for k, v in safetensors.torch.load_file(path).items()}
+    except safetensors.SafetensorError as e:  # a plain Exception, not an InputError
+        raise PortError(f"cannot read {path}: corrupt or truncated ({e})") from e
+
+
 def torch_load(path: Path):
     try:
         import torch
@@ -59,9 +71,28 @@ def torch_load(path: Path):
         raise PortError(f"reading {path} needs torch (pip install '.[torch]')") from e
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError and friends
-        raise PortError(f"cannot read {path} with torch.load(weights_only=True) (pickles that "
-                        f"need code to load are refused): {e}") from e
+    except pickle.UnpicklingError as e:  # torch's message: many lines on weights_only=False
+        raise PortError(f"cannot read {path}: corrupt or truncated, or a pickle that needs code "
+                        "to load, which torch.load(weights_only=True) refuses") from e
+    except Exception as e:  # a cut-off file: EOFError, OSError, RuntimeError, struct.error...
+        raise PortError(f"cannot read {path}: corrupt or truncated ({first_sentence(e)})") from e
+
+
+def first_sentence(error: Exception) -> str:
+    """The start of an error's message, on one line: torch's run on for paragraphs."""
+    lines = str(error).strip().splitlines()
+    return lines[0].split(". ")[0].rstrip(".") if lines else type(error).__name__
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object, or a PortError naming the file."""
+    try:
+        values = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PortError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise PortError(f"{path} must hold a JSON object, got {type(values).__name__}")
+    return values
 
 
 def torch_to_numpy(tensor) -> np.ndarray:
