@@ -4,7 +4,9 @@
     python -m jax_transformer.translate --checkpoint DIR --input source.txt --beam 4
     python -m jax_transformer.translate --checkpoint DIR --framework torch   # torch_reference
 
-One sentence per line in, one translation per line out, in input order.
+One sentence per line in, one translation per line out, in input order. Lines
+end at "\\n" only (a "\\r\\n" ending counts as one); a blank line gives a blank
+line, without running the model. Input must be UTF-8.
 The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
 plus eos. Sentences are sorted by length into batches and padded to the
 training buckets' lengths (jax_transformer.data.batching), so JAX compiles once
@@ -15,6 +17,7 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
 import time
 from pathlib import Path
@@ -89,16 +92,18 @@ def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0
     else:
         from jax_transformer import decoding
 
-    sources = []
+    sources = {}  # line index -> source ids; blank lines have none and stay blank
     for i, line in enumerate(lines):
+        if not line.strip():
+            continue
         pieces = tokenizer.encode(line.strip())
         if len(pieces) >= config.max_len:
             print(f"warning: line {i + 1} truncated to the model's max_len "
                   f"({config.max_len} tokens)", file=sys.stderr)
-        sources.append(pieces[: config.max_len - 1] + [config.eos_id])
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        sources[i] = pieces[: config.max_len - 1] + [config.eos_id]
+    order = sorted(sources, key=lambda i: len(sources[i]))
     buckets = bucket_lengths(config.max_len)
-    translations = [""] * len(sources)
+    translations = [""] * len(lines)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in (progress(batches) if progress else batches):
         width = padded_length(max(len(sources[i]) for i in batch), buckets)
@@ -126,16 +131,33 @@ def main(argv=None) -> int:
     return cli.run(translate_command, argv)
 
 
+def split_lines(data: bytes, source: str) -> list[str]:
+    """UTF-8 `data` -> its lines, split on b"\\n" only, as the corpus readers do: U+2028,
+    a form feed or a lone "\\r" is text inside a sentence. One "\\r" of a "\\r\\n" ending
+    and a leading BOM are dropped; a final "\\n" ends the last line, it starts no other."""
+    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    texts = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            texts.append(line.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise TranslateError(f"{source} is not UTF-8 text (line {number}, byte "
+                                 f"{e.start + 1}: {e.reason})") from e
+    return texts
+
+
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
     model, tokenizer = load(args.checkpoint, args.framework)
     if args.input:
         try:
-            lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+            lines = split_lines(Path(args.input).read_bytes(), f"--input {args.input}")
         except OSError as e:
             raise TranslateError(f"cannot read --input {args.input}: {e}") from e
     else:
-        lines = sys.stdin.read().splitlines()
+        lines = split_lines(sys.stdin.buffer.read(), "stdin")
     progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
                                     file=sys.stderr, disable=None)
     start = time.perf_counter()

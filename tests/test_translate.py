@@ -1,5 +1,6 @@
 """The translate command on tiny checkpoints saved by either framework."""
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,15 @@ def run_main(args, capsys):
     return code, captured.out.splitlines(), captured.err
 
 
+def run_script(args, stdin: bytes, prelude: str = ""):
+    """`python -m jax_transformer.translate ARGS < stdin` after `prelude`, via runpy as -m does."""
+    script = (f"import runpy, sys\n{prelude}"
+              "sys.argv = ['translate'] + sys.argv[1:]\n"
+              "runpy.run_module('jax_transformer.translate', run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], input=stdin,
+                          capture_output=True, cwd=REPO, timeout=120)
+
+
 @pytest.mark.parametrize("checkpoint", ["jax_checkpoint", "torch_checkpoint"])
 def test_both_frameworks_translate_the_same(checkpoint, request, tmp_path, capsys):
     directory = request.getfixturevalue(checkpoint)
@@ -72,6 +82,7 @@ def test_both_frameworks_translate_the_same(checkpoint, request, tmp_path, capsy
             assert code == 0, err
             assert len(out) == len(LINES)
             assert out[0] == out[3]  # input order kept across sorted batches
+            assert out[LINES.index("")] == ""  # an empty line is not translated
             assert "translated 6 sentences" in err
             outputs[framework, beam] = out
     assert outputs["jax", "1"] == outputs["torch", "1"]
@@ -145,3 +156,71 @@ def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):
     code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
                              "--max-len", "999", "--input", source], capsys)
     assert code == 2 and "exceeds the model's max_len" in err
+
+
+# Lines hold a U+2028, a form feed and a lone \r: text inside a line, not line breaks.
+ODD_LINES = ["the cat\u2028sat on the mat", "a big\x0cdog", "the bird\rsings", "red house"]
+
+
+@pytest.mark.parametrize("ending, last", [("\n", "\n"), ("\n", ""), ("\r\n", "\r\n")],
+                         ids=["lf", "no-final-newline", "crlf"])
+def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, ending, last):
+    model, tokenizer = translate.load(torch_checkpoint, "torch")
+    expected = translate.translate_lines(ODD_LINES, model, tokenizer, framework="torch", beam=1,
+                                         max_len=8)
+    source, output = tmp_path / "source.txt", tmp_path / "out.txt"
+    source.write_bytes((ending.join(ODD_LINES) + last).encode())
+    code, _, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                             "--beam", "1", "--max-len", "8", "--input", source,
+                             "--output", output], capsys)
+    assert code == 0, err
+    assert "translated 4 sentences" in err
+    assert output.read_text(encoding="utf-8").split("\n") == [*expected, ""]
+
+
+def test_blank_lines_stay_blank_and_are_not_translated(torch_checkpoint):
+    model, tokenizer = translate.load(torch_checkpoint, "torch")
+    batches = []
+    translations = translate.translate_lines(
+        ["the cat", "", " \t ", "a dog"], model, tokenizer, framework="torch", beam=1,
+        max_len=8, batch_size=1, progress=lambda b: batches.extend(b) or b)
+    assert translations[1:3] == ["", ""]
+    assert sorted(i for batch in batches for i in batch) == [0, 3]
+
+
+@pytest.mark.slow
+def test_command_line_keeps_lines_aligned(torch_checkpoint):
+    """Through the real command line: odd characters, blank lines, CRLF, no final newline."""
+    lines = [*ODD_LINES, "", "   ", "the cat sat"]
+    result = run_script(["--checkpoint", torch_checkpoint, "--framework", "torch", "--beam",
+                         "1", "--max-len", "8"], "\r\n".join(lines).encode())
+    assert result.returncode == 0, result.stderr.decode()
+    out = result.stdout.decode().split("\n")
+    assert len(out) == len(lines) + 1 and out[-1] == ""
+    assert out[4:6] == ["", ""]
+    assert b"translated 7 sentences" in result.stderr
+
+
+def test_input_that_is_not_utf8_is_one_clear_error(torch_checkpoint, tmp_path, capsys,
+                                                    monkeypatch):
+    data = "the cat\n".encode() + b"a \xff\xfe dog\n"
+    source = tmp_path / "binary.txt"
+    source.write_bytes(data)
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--input", source], capsys)
+    assert (code, out) == (2, [])
+    assert err.startswith(f"error: --input {source} is not UTF-8 text (line 2")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch"],
+                              capsys)
+    assert (code, out) == (2, [])
+    assert err.startswith("error: stdin is not UTF-8 text (line 2")
+
+
+@pytest.mark.slow
+def test_command_line_refuses_binary_stdin(torch_checkpoint):
+    result = run_script(["--checkpoint", torch_checkpoint, "--framework", "torch"],
+                        b"the cat\n\x00\x9f\x92\x96 binary\n")
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        "error: stdin is not UTF-8 text (line 2, byte 2: invalid start byte)"]
