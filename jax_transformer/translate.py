@@ -6,7 +6,8 @@
 
 One sentence per line in, one translation per line out, in input order. Lines
 end at "\\n" only (a "\\r\\n" ending counts as one); a blank line gives a blank
-line, without running the model. Input must be UTF-8.
+line, without running the model. Input must be UTF-8. --output is checked
+before any work and written atomically: a failed write keeps the old file.
 The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
 plus eos. Sentences are sorted by length into batches and padded to the
 training buckets' lengths (jax_transformer.data.batching), so JAX compiles once
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,6 +133,16 @@ def main(argv=None) -> int:
     return cli.run(translate_command, argv)
 
 
+def check_output(path: Path) -> None:
+    """Raise TranslateError unless translations can be written to `path`."""
+    if path.is_dir():
+        raise TranslateError(f"--output {path} is a directory")
+    if not path.parent.is_dir():
+        raise TranslateError(f"--output {path}: directory {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise TranslateError(f"--output {path}: directory {path.parent} is not writable")
+
+
 def split_lines(data: bytes, source: str) -> list[str]:
     """UTF-8 `data` -> its lines, split on b"\\n" only, as the corpus readers do: U+2028,
     a form feed or a lone "\\r" is text inside a sentence. One "\\r" of a "\\r\\n" ending
@@ -150,6 +162,8 @@ def split_lines(data: bytes, source: str) -> list[str]:
 
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
+    if args.output:
+        check_output(Path(args.output))
     model, tokenizer = load(args.checkpoint, args.framework)
     if args.input:
         try:
@@ -167,7 +181,11 @@ def translate_command(argv=None) -> int:
     seconds = time.perf_counter() - start
     text = "".join(t + "\n" for t in translations)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        try:
+            checkpoint_dir.write_atomically(
+                args.output, lambda path: path.write_text(text, encoding="utf-8"))
+        except OSError as e:
+            raise TranslateError(f"cannot write --output {args.output}: {e}") from e
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

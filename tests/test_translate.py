@@ -224,3 +224,43 @@ def test_command_line_refuses_binary_stdin(torch_checkpoint):
     assert result.returncode == 2
     assert result.stderr.decode().splitlines() == [
         "error: stdin is not UTF-8 text (line 2, byte 2: invalid start byte)"]
+
+
+@pytest.mark.parametrize("output", ["missing/out.txt", "."])
+def test_output_is_checked_before_any_work(torch_checkpoint, tmp_path, capsys, monkeypatch,
+                                           output):
+    monkeypatch.setattr(translate, "load",
+                        lambda *args: pytest.fail("loaded the model before checking --output"))
+    code, _, err = run_main(["--checkpoint", torch_checkpoint, "--output", tmp_path / output],
+                            capsys)
+    assert code == 2
+    assert err.startswith(f"error: --output {tmp_path / output}")
+
+
+@pytest.mark.slow
+def test_command_line_checks_output_first(torch_checkpoint, tmp_path):
+    output = tmp_path / "missing" / "out.txt"
+    result = run_script(["--checkpoint", torch_checkpoint, "--framework", "torch", "--output",
+                         output], b"the cat\n")
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        f"error: --output {output}: directory {output.parent} does not exist"]
+
+
+@pytest.mark.slow
+def test_a_failed_write_keeps_the_previous_output(torch_checkpoint, tmp_path):
+    """The disk fills at the final write (RLIMIT_FSIZE, with SIGXFSZ ignored, makes writes
+    past 16 bytes fail): the previous file at --output stays whole, no partial file is left."""
+    output = tmp_path / "out.txt"
+    output.write_text("previous run\n")
+    prelude = ("import resource, signal\n"
+               "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (16, 16))\n")
+    result = run_script(["--checkpoint", torch_checkpoint, "--framework", "torch", "--output",
+                         output, "--beam", "1", "--max-len", "8"],
+                        "\n".join(["the quick brown fox"] * 8).encode(), prelude)
+    assert result.returncode == 2
+    last = result.stderr.decode().splitlines()[-1]
+    assert last.startswith(f"error: cannot write --output {output}: [Errno 27] File too large")
+    assert output.read_text() == "previous run\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
