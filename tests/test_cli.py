@@ -33,17 +33,45 @@ def test_bugs_are_not_hidden():
         cli.run(main, [])
 
 
+def write_bad_files(tmp: Path) -> None:
+    """What the bad-input cases below point at: {tmp} in a command is this folder."""
+    (tmp / "good.json").write_text("{}")
+    (tmp / "typo.json").write_text('{"dropout": "0.1"}')
+    (tmp / "cut.safetensors").write_bytes(b'\x40\0\0\0\0\0\0\0{"a":')  # header cut off
+    checkpoint = tmp / "ckpt"  # a string "false" must not load as a pre-norm model
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"pre_norm": "false"}')
+    for name in ("model.safetensors", "tokenizer.model"):
+        (checkpoint / name).write_bytes(b"")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [
-    ["train.py", "--src-path", "missing.en", "--tgt-path", "missing.de", "--quiet"],
-    ["-m", "jax_transformer.translate", "--checkpoint", "missing"],
-    ["-m", "jax_transformer.port", "--from", "hf-marian", "missing", "out"],
-    ["-m", "jax_transformer.parity", "missing"],
+@pytest.mark.parametrize("command, message", [
+    (["train.py", "--src-path", "missing.en", "--tgt-path", "missing.de", "--quiet"],
+     "missing.en"),
+    (["-m", "jax_transformer.translate", "--checkpoint", "missing"], "missing"),
+    (["-m", "jax_transformer.translate", "--checkpoint", "missing", "--output",
+      "{tmp}/missing/out.txt"], "error: --output {tmp}/missing/out.txt"),
+    (["-m", "jax_transformer.translate", "--checkpoint", "{tmp}/ckpt"],
+     "{tmp}/ckpt/config.json: pre_norm must be a boolean"),
+    (["-m", "jax_transformer.port", "--from", "hf-marian", "missing", "out"], "missing"),
+    (["-m", "jax_transformer.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
+      "{tmp}/out", "--config", "{tmp}/good.json"],
+     "cannot read {tmp}/cut.safetensors: corrupt or truncated"),
+    (["-m", "jax_transformer.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
+      "{tmp}/out", "--config", "{tmp}/typo.json"],
+     "{tmp}/typo.json: dropout must be a number, got '0.1' (str)"),
+    (["-m", "jax_transformer.parity", "missing"], "missing"),
+    (["-m", "jax_transformer.parity", "{tmp}/ckpt"],
+     "{tmp}/ckpt/config.json: pre_norm must be a boolean"),
 ])
-def test_every_command_line_reports_bad_input_the_same_way(tmp_path, command):
+def test_every_command_line_reports_bad_input_the_same_way(tmp_path, command, message):
+    write_bad_files(tmp_path)
+    command = [part.format(tmp=tmp_path) for part in command]
     result = subprocess.run([sys.executable, *command, *(
         ["--workdir", str(tmp_path)] if command[0] == "train.py" else [])],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message.format(tmp=tmp_path) in last, last
     assert "Traceback" not in result.stderr
