@@ -10,6 +10,8 @@ With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
         --steps 100000 --warmup 4000 --dtype bfloat16
 
 Running it again on the same --workdir resumes from the latest checkpoint.
+SIGTERM or Ctrl-C finishes the current step, saves it and exits (README:
+"Faults and bad input").
 """
 
 from __future__ import annotations
@@ -130,16 +132,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     """The command line; returns the exit code (jax_transformer.cli: 2 for bad input,
-    1 for a failed run, 130 after Ctrl-C with a checkpoint saved)."""
+    1 for a failed run, 130 / 143 after SIGINT / SIGTERM, the step saved)."""
     args = parse_args(argv)
     from jax_transformer import cli  # after --help, which needs no JAX
     return cli.run(lambda _: train(args))
 
 
 def train(args: argparse.Namespace) -> int:
-    from jax_transformer.train.loop import run
     from jax_transformer.train.settings import from_flags
-    data, model, settings = from_flags(vars(args))
+    data, model, settings = from_flags(vars(args))  # bad flags fail here, before JAX loads
+    from jax_transformer.train.loop import run
     summary = run(data, model, settings)
     test = summary["test"]
     print(json.dumps({"step": summary["step"], "train_seconds": summary["train_seconds"],

@@ -45,11 +45,16 @@ class Tokenizer:
               vocab_size: int = 8000, model_type: str = "unigram") -> "Tokenizer":
         """Train on `sentences` (source and target text together) and save to `model_path`."""
         model = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
-            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            num_threads=os.cpu_count() or 1, minloglevel=2)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+                model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                num_threads=os.cpu_count() or 1, minloglevel=2)
+        except RuntimeError as e:  # "INTERNAL: src/trainer_interface.cc(638) [check] reason"
+            reason = str(e).split("] ", 1)[-1].strip() or str(e)
+            raise TokenizerError(f"SentencePiece cannot train {vocab_size} pieces on this "
+                                 f"text: {reason}") from None
         Path(model_path).parent.mkdir(parents=True, exist_ok=True)
         Path(model_path).write_bytes(model.getvalue())
         return cls(model_path)

@@ -11,11 +11,19 @@ import dataclasses
 
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
-from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+MIN_MAX_LEN = 8  # the shortest length bucket
 
 
 class TrainError(InputError):
     """A training run cannot start as asked (settings, work directory)."""
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise TrainError(message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +55,15 @@ class DataSettings:
             if bool(src) != bool(tgt):
                 raise TrainError(f"--{split.replace('_', '-')}src-path and "
                                  f"--{split.replace('_', '-')}tgt-path go together")
+        for name in ("num_train", "num_dev", "num_test", "max_number"):
+            require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1, "
+                                              f"got {getattr(self, name)}")
+        require(self.vocab_size > len(SPECIAL_IDS), f"--vocab-size must be more than the "
+                f"{len(SPECIAL_IDS)} special pieces (pad, unk, bos, eos), got {self.vocab_size}")
+        require(self.max_len >= MIN_MAX_LEN, f"--max-len must be at least {MIN_MAX_LEN}, "
+                                             f"got {self.max_len}")
+        require(self.max_tokens >= self.max_len, f"--max-tokens {self.max_tokens} cannot hold "
+                f"one sentence of --max-len {self.max_len} tokens; raise it or lower --max-len")
 
     @property
     def builtin(self) -> bool:
@@ -62,6 +79,14 @@ class ModelSettings:
     layers: int = 3
     dropout: float = 0.1
     pre_norm: bool = False  # pre-LN with final norms instead of the paper's post-LN
+
+    def __post_init__(self):
+        for name in ("d_model", "heads", "d_ff", "layers"):
+            require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1, "
+                                              f"got {getattr(self, name)}")
+        require(self.d_model % self.heads == 0, f"--d-model {self.d_model} must be divisible "
+                                                f"by --heads {self.heads}")
+        require(0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}")
 
     def config(self, vocab_size: int, max_len: int) -> TransformerConfig:
         return TransformerConfig(
@@ -92,6 +117,13 @@ class TrainSettings:
     samples: int = 5
     distributed: bool = False
     quiet: bool = False
+
+    def __post_init__(self):
+        require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
+        require(0 <= self.label_smoothing < 1,
+                f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
+                                     f"got {self.clip_norm}")
 
 
 # Settings that only steer how long / how visibly a run goes; the others must

@@ -1,0 +1,102 @@
+"""A training run's work directory: one run at a time, files that are whole or absent.
+
+    WORKDIR/train.lock       held (flock) by the run using the directory
+    WORKDIR/run_args.json    the settings a resume must repeat
+    WORKDIR/metrics.jsonl    one JSON object per line, appended as the run goes
+
+The lock is an OS file lock (the `filelock` package), so the kernel releases it
+when its process ends, however it ends: a crashed or killed run never leaves
+the directory locked. Files other than metrics.jsonl are written to a temporary
+file and renamed, so a crash leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import filelock
+
+from jax_transformer.train.settings import TrainError
+from transformer_core.checkpoint_dir import write_atomically
+
+LOCK_FILE = "train.lock"
+RUN_ARGS_FILE = "run_args.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def open_workdir(path: str | os.PathLike) -> tuple[Path, filelock.BaseFileLock]:
+    """Create the work directory if needed and lock it for this run; release the
+    returned lock when the run ends. Refuses a file, or a directory another run holds."""
+    workdir = Path(path)
+    if workdir.exists() and not workdir.is_dir():
+        raise TrainError(f"--workdir {workdir} is a file, not a directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(workdir / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        raise TrainError(f"--workdir {workdir} is in use by another train.py run (it holds "
+                         f"{workdir / LOCK_FILE}); wait for it to end or choose another "
+                         "--workdir") from None
+    return workdir, lock
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (checkpoint_dir.write_atomically)."""
+    write_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def check_run_settings(workdir: Path, settings: dict, resuming: bool,
+                       primary: bool = True) -> None:
+    """Record the settings of a new run (`settings.recorded`; the `primary` process
+    writes them); refuse to resume one with other settings."""
+    path = workdir / RUN_ARGS_FILE
+    if resuming and path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
+                             "--workdir") from None
+        changed = sorted(k for k in settings if saved.get(k) != settings[k])
+        if changed:
+            detail = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} -> {settings[k]!r}"
+                               for k in changed)
+            raise TrainError(f"{workdir} holds a run with other settings ({detail}); "
+                             "resume with the same flags or use a new --workdir")
+    elif primary:
+        write_text_atomically(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+class MetricsLog:
+    """metrics.jsonl, appended a line at a time. On resume, lines past the restored
+    step are dropped, so the file reads as if the run had never stopped; so is a
+    line a crash cut short (with a warning)."""
+
+    def __init__(self, path: Path, resume_step: int, enabled: bool = True):
+        self.path, self.enabled = path, enabled
+        if not enabled:  # another host's process: process 0 keeps the log
+            return
+        kept = []
+        if resume_step and path.exists():
+            for number, line in enumerate(path.read_text().split("\n"), start=1):
+                try:
+                    record = json.loads(line) if line else None
+                except json.JSONDecodeError:
+                    print(f"warning: {path}: dropped line {number}, which is not JSON (a "
+                          f"write cut short): {line[:80]!r}", file=sys.stderr)
+                    continue
+                if record is not None and record["step"] <= resume_step:
+                    kept.append(line)
+        write_text_atomically(path, "".join(line + "\n" for line in kept))
+        self.file = path.open("a", buffering=1)
+
+    def write(self, **record) -> None:
+        if self.enabled:
+            self.file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()

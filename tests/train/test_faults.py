@@ -1,0 +1,245 @@
+"""Faults and bad input around train.py, met as a user meets them: signals sent to a
+real process at random moments, damaged files in a work directory, two runs on one
+directory, a corpus changed under a run, bad flags."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from jax_transformer.train import checkpoints, loop
+from jax_transformer.train.settings import DataSettings
+from jax_transformer.train.workdir import open_workdir
+from tests.train.runs import REPO_ROOT, TINY, dev_losses, losses, tiny_run
+from transformer_core.tokenizer import Tokenizer
+
+STEPS = 60  # the runs interrupted at random moments stop short of this
+TRIALS = 10  # signals per kind
+# Subprocesses reuse compiled steps through JAX's persistent cache (conftest.py),
+# so a trial costs its start-up, not a recompilation.
+ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
+class TrainProcess:
+    """train.py in a subprocess, its stderr collected line by line."""
+
+    def __init__(self, workdir: Path, *extra: str):
+        self.started = time.time()
+        self.process = subprocess.Popen(
+            [sys.executable, "train.py", "--workdir", str(workdir), *TINY, *extra],
+            cwd=REPO_ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stderr))
+        self.reader.start()
+
+    def wait_for(self, text: str, timeout: float = 240) -> None:
+        deadline = time.time() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.process.poll() is None, f"exited before {text!r}: {self.stderr}"
+            assert time.time() < deadline, f"no {text!r} after {timeout}s: {self.stderr}"
+            time.sleep(0.01)
+
+    def send(self, signum: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def finish(self) -> int:
+        code = self.process.wait(timeout=240)
+        self.reader.join()
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+
+def data_position(workdir: Path, step: int) -> dict:
+    manager = checkpoints.Checkpointer(workdir).manager
+    return manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run."""
+    workdir = tmp_path_factory.mktemp("reference")
+    tiny_run(workdir, "--steps", str(STEPS))
+    return workdir
+
+
+def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
+    """TRIALS runs of train.py on `workdir`, each sent `signum` at a seeded random moment
+    and sometimes a second time; checks each stop; returns the steps saved."""
+    rng = random.Random(signum)
+    saved_steps = []
+    for trial in range(TRIALS):
+        process = TrainProcess(workdir, "--steps", str(STEPS), "--checkpoint-every", "1")
+        if rng.random() < 0.2:  # start-up: imports, corpus, tokenizer
+            time.sleep(rng.uniform(0.2, 2.5))
+        else:  # restoring, compiling, stepping, evaluating, saving
+            process.wait_for("model:")
+            time.sleep(rng.uniform(0, 5))
+        process.send(signum)
+        if rng.random() < 0.3:
+            time.sleep(rng.uniform(0, 0.3))
+            process.send(signum)
+        code = process.finish()
+        last_line = process.stderr.strip().splitlines()[-1]
+        assert code == 128 + signum, process.stderr[-3000:]
+        assert "Traceback" not in process.stderr, process.stderr[-3000:]
+        assert last_line.startswith(signal.Signals(signum).name + ": "), last_line
+        if " saved step " in last_line:
+            step = int(last_line.split(" saved step ")[1].split()[0])
+            saved_steps.append(step)
+            assert max(s for s, _ in losses(workdir)) == step  # its metrics are written...
+            if step % 6 == 0:
+                assert dev_losses(workdir)[-1][0] == step  # ...its evaluation too
+            position = data_position(workdir, step)  # one batch per step, no more
+            assert position["epoch"] * position["num_batches"] + position["index"] == step
+    return saved_steps
+
+
+@pytest.mark.slow
+def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp_path):
+    """SIGTERM and SIGINT, TRIALS seeded random moments each (the two series run side
+    by side): start-up, compiling, stepping, evaluating, saving (a checkpoint every
+    step), and sometimes a second signal that abandons the step. Every stop exits
+    128 + the signal number with one line, no traceback; a saved step has its data
+    position and its metrics lines; each run then resumes and ends with the
+    uninterrupted run's train and dev losses, bit for bit."""
+    def series(signum):
+        workdir = tmp_path / signal.Signals(signum).name
+        saved_steps = interrupt_at_random_moments(workdir, signum)
+        finished = TrainProcess(workdir, "--steps", str(STEPS))
+        assert finished.finish() == 0, finished.stderr[-3000:]
+        return workdir, saved_steps
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(series, (signal.SIGTERM, signal.SIGINT)))
+    for workdir, saved_steps in results:
+        assert len(saved_steps) >= TRIALS // 2, f"few stops mid-training: {saved_steps}"
+        assert losses(workdir) == losses(reference)
+        assert dev_losses(workdir) == dev_losses(reference)
+
+
+@pytest.mark.slow
+def test_a_second_run_on_a_busy_workdir_is_refused_until_the_first_ends(tmp_path):
+    first = TrainProcess(tmp_path, "--steps", "100000")
+    first.wait_for("model:")
+    second = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *TINY],
+                            cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines()[-1] == (
+        f"error: --workdir {tmp_path} is in use by another train.py run (it holds "
+        f"{tmp_path / 'train.lock'}); wait for it to end or choose another --workdir")
+    assert first.process.poll() is None  # untouched by the refused run
+    first.send(signal.SIGKILL)
+    first.finish()
+    _, lock = open_workdir(tmp_path)  # a killed run leaves no stale lock
+    lock.release()
+
+
+def halve(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.fixture(scope="module", params=["every-file", "array-files"])
+def damaged_resume(request, reference, tmp_path_factory):
+    """A run saved at steps 4 and 8, then step 8 damaged (every file halved, or only
+    the tensorstore array files) and a metrics line cut short; resumed to step 12."""
+    workdir = tmp_path_factory.mktemp(request.param)
+    tiny_run(workdir, "--steps", "8")
+    for path in (workdir / "checkpoints" / "8").rglob("*"):
+        if path.is_file() and (request.param == "every-file" or "ocdbt" in str(path)
+                               or path.parent.name == "d"):
+            halve(path)
+    with open(workdir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "loss": 4.0')
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(workdir), *TINY,
+                             "--steps", "12"], cwd=REPO_ROOT, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    return workdir, result
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_set_aside_and_the_run_resumes_from_an_intact_one(
+        damaged_resume, reference):
+    workdir, result = damaged_resume
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    warning = next(line for line in result.stderr.splitlines() if "cannot be read" in line)
+    assert warning.startswith(f"warning: checkpoint 8 in {workdir / 'checkpoints'} cannot be read")
+    assert warning.endswith(f"moved it to {workdir / 'checkpoints-corrupt' / '8'} and resumed "
+                            "from step 4")
+    assert any((workdir / "checkpoints-corrupt" / "8").rglob("*"))  # kept, not deleted
+    assert losses(workdir) == losses(reference)[:12]
+
+
+@pytest.mark.slow
+def test_a_metrics_line_cut_short_is_dropped_with_a_warning(damaged_resume, reference):
+    workdir, result = damaged_resume
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "dropped line" in result.stderr and "not JSON" in result.stderr
+    assert [s for s, _ in losses(workdir)] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_corpus_changed_under_a_run_is_named_on_resume(tmp_path):
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    rng = np.random.default_rng(0)
+    words = ["eins", "zwei", "drei", "vier", "fünf", "sechs"]
+    lines = [" ".join(rng.choice(words, 4)) for _ in range(300)]
+    src.write_text("".join(line + "\n" for line in lines))
+    tgt.write_text("".join(line.upper() + "\n" for line in lines))
+    flags = ["--src-path", str(src), "--tgt-path", str(tgt), "--num-dev", "10",
+             "--num-test", "10"]
+    tiny_run(tmp_path / "run", *flags, "--steps", "2")
+    src.write_text(src.read_text().replace("eins", "zwei", 1))  # same lines, one word changed
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path / "run"),
+                             *TINY, *flags, "--steps", "4"], cwd=REPO_ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: the training data differ from those of checkpoint 2")
+    assert "--src-path / --tgt-path" in last_line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags, message", [
+    (["--max-tokens", "4"], "--max-tokens 4 cannot hold one sentence of --max-len 256 tokens"),
+    (["--vocab-size", "0"], "--vocab-size must be more than the 4 special pieces"),
+    (["--vocab-size", "5"], "--vocab-size 5: SentencePiece cannot train 5 pieces on this text"),
+    (["--max-len", "2"], "--max-len must be at least 8, got 2"),
+    (["--heads", "3"], "--d-model 32 must be divisible by --heads 3"),
+    (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
+    (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
+    (["--workdir", "FILE"], "is a file, not a directory"),
+])
+def test_bad_flags_get_one_line_naming_the_flag_before_any_work(tmp_path, flags, message):
+    (tmp_path / "FILE").touch()
+    flags = [str(tmp_path / "FILE") if flag == "FILE" else flag for flag in flags]
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path / "run"),
+                             *TINY, *flags], cwd=REPO_ROOT, env=ENV, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert message in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "run" / "tokenizer.model").exists()
+
+
+def test_max_len_beyond_the_default_buckets_trains(tmp_path):
+    """--max-len 600: the buckets run up to it (they stopped at 512)."""
+    tokenizer = Tokenizer.train(["a b c d e f g h"] * 20, tmp_path / "spm.model", vocab_size=20)
+    long_pair = (" ".join(["a"] * 290), " ".join(["b"] * 250))  # 580 and 500 pieces
+    splits = {"train": [long_pair, ("a b", "c d")], "dev": [("a", "b")], "test": [("c", "d")]}
+    batches = loop.make_batches(splits, tokenizer, DataSettings(max_len=600, max_tokens=1200), 0)
+    assert 600 in [src_length for _, src_length, _ in batches["train"].shapes()]
