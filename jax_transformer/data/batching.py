@@ -24,6 +24,8 @@ would have seen. Needs numpy and sentencepiece, not JAX.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 from typing import Iterable, Iterator, Sequence
 
@@ -144,6 +146,18 @@ class BucketedBatches:
             self.buckets.append(Bucket(S, T, int(batch_size), examples))
         self.num_batches = sum(bucket.num_batches for bucket in self.buckets)  # per epoch
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the encoded examples, in order: saved positions are only valid
+        for the same data."""
+        digest = hashlib.sha256()
+        for ids in (self.src_ids, self.tgt_ids):
+            for start in range(0, len(ids), ENCODE_CHUNK):
+                chunk = ids[start:start + ENCODE_CHUNK]
+                digest.update(np.array([len(x) for x in chunk], np.int64).tobytes())
+                digest.update(np.concatenate(chunk).astype(np.int32).tobytes())
+        return digest.hexdigest()[:16]
+
     def shapes(self) -> list[tuple[int, int, int]]:
         """Every (B, S, T) an epoch yields: src is (B, S), tgt_in and tgt_out (B, T)."""
         return [(bucket.batch_size, bucket.src_length, bucket.tgt_length)
@@ -193,9 +207,10 @@ class BucketedBatches:
 class BatchIterator:
     """Endless, resumable iteration over the epochs of a `BucketedBatches`.
 
-    get_state() -> {"epoch": e, "index": i, "num_batches": n}: JSON-able; `index`
-    is the next batch within epoch e; `num_batches` (per epoch) lets set_state
-    refuse a state saved for different data or batch settings.
+    get_state() -> {"epoch": e, "index": i, "num_batches": n, "fingerprint": f}:
+    JSON-able; `index` is the next batch within epoch e; `num_batches` (per
+    epoch) and the data's `fingerprint` let set_state refuse a state saved for
+    different data or batch settings.
     """
 
     def __init__(self, batches: BucketedBatches):
@@ -217,9 +232,13 @@ class BatchIterator:
 
     def get_state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index,
-                "num_batches": self.batches.num_batches}
+                "num_batches": self.batches.num_batches, "fingerprint": self.batches.fingerprint}
 
     def set_state(self, state: dict) -> None:
+        saved = state.get("fingerprint", self.batches.fingerprint)  # older checkpoints have none
+        if saved != self.batches.fingerprint:
+            raise CorpusError(f"iterator state {state} was saved for other data (fingerprint "
+                              f"{saved}; these data give {self.batches.fingerprint})")
         if state.get("num_batches") != self.batches.num_batches:
             raise CorpusError(f"iterator state {state} was saved for {state.get('num_batches')} "
                              f"batches per epoch, these data give {self.batches.num_batches}; "

@@ -247,10 +247,12 @@ def test_resume_continues_exactly_across_an_epoch_boundary():
     for _ in range(n - 2):  # stop two batches before the end of epoch 0
         next(interrupted)
     state = json.loads(json.dumps(interrupted.get_state()))
-    assert state == {"epoch": 0, "index": n - 2, "num_batches": n}
+    assert state == {"epoch": 0, "index": n - 2, "num_batches": n,
+                     "fingerprint": data.fingerprint}
     resumed = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, seed=5).iterator(state)
     assert_same_batches([next(resumed) for _ in range(n + 4)], reference[n - 2:2 * n + 2])
-    assert resumed.get_state() == {"epoch": 2, "index": 2, "num_batches": n}
+    assert resumed.get_state() == {"epoch": 2, "index": 2, "num_batches": n,
+                                   "fingerprint": data.fingerprint}
 
     # Epochs are shuffled differently; an unshuffled split repeats itself.
     assert_same_batches(reference[:n], list(data.epoch(0)))
@@ -266,3 +268,10 @@ def test_resume_refuses_a_state_from_other_data():
         data.iterator({"epoch": 1, "index": 0, "num_batches": data.num_batches + 1})
     with pytest.raises(ValueError, match="out of range"):
         data.iterator({"epoch": 0, "index": data.num_batches, "num_batches": data.num_batches})
+    # Same sizes, same batch count, one token changed: the fingerprint tells.
+    changed = [ids.copy() for ids in src]
+    changed[7][0] += 1
+    other = BucketedBatches(changed, tgt, max_tokens=256)
+    assert other.num_batches == data.num_batches
+    with pytest.raises(ValueError, match="saved for other data"):
+        other.iterator(data.iterator().get_state())
