@@ -4,18 +4,31 @@
     1    the run itself failed (RunFailed: e.g. training diverged)
     2    bad input: any InputError (config, checkpoint, tokenizer, corpus, port,
          translate and training settings) or an OSError on a path the user gave
-    130  interrupted (Ctrl-C; Interrupted says what was saved)
+    130  stopped by SIGINT (Ctrl-C)    } 128 + the signal number, as a shell reports it;
+    143  stopped by SIGTERM            } the last line on stderr says what was saved
 
+SIGINT and SIGTERM (what schedulers and preemptible machines send) stop a
+command at once with a message: every file a command writes is written whole
+(a temporary file, then a rename), so there is nothing to finish. It exits
+rather than raising, because Python drops an exception raised inside a garbage
+collector callback or a __del__, and the signal would be lost. train.py defers
+the stop to the end of the current step instead (jax_transformer.train.interrupts).
 Library code raises and never exits; only this wrapper prints `error: ...` on
 stderr. It imports no JAX, so `--help` and torch-only commands stay light.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
-from typing import Callable, Sequence
+import threading
+from typing import Callable, Iterator, Sequence
 
 from transformer_core.errors import InputError
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class RunFailed(RuntimeError):
@@ -23,14 +36,43 @@ class RunFailed(RuntimeError):
 
 
 class Interrupted(Exception):
-    """Ctrl-C, handled: the message says what was kept (exit code 130)."""
+    """A stop, handled: the message says what was kept; exits 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+def exit_at_once(message: str = "stopped") -> Callable[[int, object], None]:
+    """A signal handler: print '<SIGNAL>: <message>' and exit 128 + the signal number."""
+    def handler(signum: int, frame) -> None:
+        # os.write, not print: the signal may have interrupted a print to stderr.
+        os.write(sys.stderr.fileno(), f"\n{signal.Signals(signum).name}: {message}\n".encode())
+        os._exit(128 + signum)
+    return handler
+
+
+@contextlib.contextmanager
+def signal_handlers(handler) -> Iterator[None]:
+    """SIGINT and SIGTERM go to `handler` inside the block (main thread only: Python
+    delivers signals there; elsewhere this does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def run(main: Callable[[Sequence[str] | None], int | None],
         argv: Sequence[str] | None = None) -> int:
     """Call `main(argv)` and turn its outcome into an exit code."""
     try:
-        return main(argv) or 0
+        with signal_handlers(exit_at_once()):
+            return main(argv) or 0
     except (InputError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -39,7 +81,4 @@ def run(main: Callable[[Sequence[str] | None], int | None],
         return 1
     except Interrupted as e:
         print(e, file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return e.exit_code

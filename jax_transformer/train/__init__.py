@@ -3,7 +3,9 @@
     settings.py     DataSettings, ModelSettings, TrainSettings: train.py's flags, typed
     step.py         the loss, the paper's schedule, Adam, Trainer (jit-compiled steps, sharding)
     loop.py         run(): data, model, the loop, checkpoints, export, evaluation
-    checkpoints.py  orbax training checkpoints (Checkpointer, restore_model)
+    checkpoints.py  orbax training checkpoints (Checkpointer, restore_model), damaged ones set aside
+    workdir.py      the work directory: its lock, run_args.json, metrics.jsonl, atomic writes
+    interrupts.py   SIGINT/SIGTERM: finish the step, save, stop
     evaluation.py   held-out loss, exact match, sacreBLEU, chrF
     plots.py        the loss curve and an attention heatmap
 """

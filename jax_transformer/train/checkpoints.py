@@ -5,16 +5,22 @@ A run's work directory:
     WORKDIR/config.json          the model config
     WORKDIR/tokenizer.model      the SentencePiece model
     WORKDIR/checkpoints/<step>/  params | train (step, dropout RNG, optimizer) | data (iterator position)
+    WORKDIR/checkpoints-corrupt/<step>/  checkpoints that could not be read back, set aside
     WORKDIR/export/              the final model in the checkpoint directory format
 
 Orbax writes each step into a temporary directory and renames it when complete,
-so a run killed mid-save leaves the previous checkpoint as the latest one.
+so a run killed mid-save leaves the previous checkpoint as the latest one. A
+checkpoint damaged afterwards (a disk fault, a truncated copy) is set aside on
+resume, and the run goes on from the newest one that reads back whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import sys
 from pathlib import Path
+from typing import Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -22,10 +28,19 @@ from flax import nnx
 
 from jax_transformer.model import Transformer
 from jax_transformer.train.step import TrainState
-from transformer_core.checkpoint_dir import CONFIG_FILE
+from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig
 
 CHECKPOINTS = "checkpoints"
+CORRUPT = "checkpoints-corrupt"
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A saved step cannot be read back (damaged files, or a model it does not fit)."""
+
+    def __init__(self, step: int, message: str):
+        super().__init__(message)
+        self.step = step
 
 
 class Checkpointer:
@@ -55,6 +70,40 @@ class Checkpointer:
                                     rngs=train["rngs"], opt_state=train["opt_state"])
         return state, restored.data
 
+    def restore_newest_intact(self, like: TrainState,
+                              warn: Callable[[str], None] = print) -> tuple[TrainState, dict]:
+        """`restore` the newest step that reads back. Newer steps that do not are moved
+        to WORKDIR/checkpoints-corrupt/ (kept, not deleted) and named through `warn`;
+        if no step reads back, nothing is moved and the newest step's error is raised."""
+        unreadable = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = self.restore(like, step)
+            except UnreadableCheckpoint as error:
+                unreadable.append(error)
+                continue
+            for error in unreadable:
+                warn(f"warning: {error}; moved it to {self.set_aside(error.step)} and resumed "
+                     f"from step {step}")
+            return restored
+        if unreadable:
+            raise unreadable[0]
+        raise FileNotFoundError(f"no checkpoint under {self.manager.directory}")
+
+    def set_aside(self, step: int) -> Path:
+        """Move checkpoint `step` out of the checkpoints directory (process 0 moves it);
+        returns where it went."""
+        target = first = Path(self.manager.directory).parent / CORRUPT / str(step)
+        copies = 0
+        while target.exists():  # a step set aside before, in an earlier resume
+            copies += 1
+            target = first.with_name(f"{step}.{copies}")
+        if jax.process_index() == 0:
+            target.parent.mkdir(exist_ok=True)
+            shutil.move(Path(self.manager.directory) / str(step), target)
+        self.manager.reload()
+        return target
+
     def restore_params(self, like: nnx.State, step: int | None = None) -> nnx.State:
         """Only the parameters, into the structure of `like`."""
         return self._restore(step, params=like).params
@@ -68,13 +117,38 @@ class Checkpointer:
         args = {name: ocp.args.JsonRestore() if like is None else ocp.args.StandardRestore(
                     jax.tree.map(ocp.utils.to_shape_dtype_struct, like))
                 for name, like in likes.items()}
-        return self.manager.restore(step, args=ocp.args.Composite(**args))
+        drop_closed_loop_reports()  # installed before: the reports can come before the raise
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(**args))
+        except Exception as e:  # orbax, tensorstore and json raise many types for one fault
+            reason = str(e).split("\n")[0][:300]
+            raise UnreadableCheckpoint(step, f"checkpoint {step} in {self.manager.directory} "
+                                             f"cannot be read: {type(e).__name__}: {reason}"
+                                       ) from e
 
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.close()
+
+
+def drop_closed_loop_reports() -> None:
+    """Silence one known echo of a failed restore: tensorstore reads still in flight
+    call back into orbax's event loop after it closed, and Python reports each as an
+    unraisable `RuntimeError: Event loop is closed` (dozens of tracebacks). Other
+    unraisable errors are still reported."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_closed_loop", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_closed_loop = True
+    sys.unraisablehook = hook
 
 
 def run_directory(path: str | Path) -> Path:

@@ -7,8 +7,10 @@ losses continue exactly as in an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,19 +21,23 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from jax_transformer import translate
-from jax_transformer.cli import Interrupted, RunFailed
+from jax_transformer import cli, translate
+from jax_transformer.cli import RunFailed
 from jax_transformer.data import corpora
-from jax_transformer.data.batching import BucketedBatches, encode_pairs, train_tokenizer
+from jax_transformer.data.corpora import CorpusError
+from jax_transformer.data.batching import (BucketedBatches, bucket_lengths, encode_pairs,
+                                           train_tokenizer)
 from jax_transformer.model import Transformer
-from jax_transformer.train import evaluation, plots
+from jax_transformer.train import evaluation, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.settings import (DataSettings, ModelSettings, TrainError, TrainSettings,
                                             recorded)
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
-from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE
+from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
+                                           open_workdir, write_text_atomically)
+from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE, write_atomically
 from transformer_core.config import TransformerConfig
-from transformer_core.tokenizer import Tokenizer
+from transformer_core.tokenizer import Tokenizer, TokenizerError
 
 
 class TrainingDiverged(RunFailed):
@@ -41,22 +47,6 @@ class TrainingDiverged(RunFailed):
 def log(message: str) -> None:
     if jax.process_index() == 0:
         tqdm.write(message, file=sys.stderr)
-
-
-def check_run_settings(workdir: Path, settings: dict, resuming: bool) -> None:
-    """Record the settings of a new run (`settings.recorded`); refuse to resume one
-    with other settings."""
-    path = workdir / "run_args.json"
-    if resuming and path.exists():
-        saved = json.loads(path.read_text())
-        changed = sorted(k for k in settings if saved.get(k) != settings[k])
-        if changed:
-            detail = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} -> {settings[k]!r}"
-                               for k in changed)
-            raise TrainError(f"{workdir} holds a run with other settings ({detail}); "
-                             "resume with the same flags or use a new --workdir")
-    elif jax.process_index() == 0:
-        path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
 
 
 def load_corpus(data: DataSettings, seed: int) -> dict[str, list[tuple[str, str]]]:
@@ -83,41 +73,28 @@ def load_corpus(data: DataSettings, seed: int) -> dict[str, list[tuple[str, str]
     return {**held_out, **given}
 
 
-class MetricsLog:
-    """metrics.jsonl: one JSON object per line. On resume, lines past the restored
-    step are dropped, so the file reads as if the run had never stopped."""
-
-    def __init__(self, path: Path, resume_step: int):
-        self.path = path
-        self.enabled = jax.process_index() == 0
-        if self.enabled:
-            kept = []
-            if resume_step and path.exists():
-                kept = [line for line in path.read_text().splitlines()
-                        if json.loads(line)["step"] <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
-            self.file = path.open("a", buffering=1)
-
-    def write(self, **record) -> None:
-        if self.enabled:
-            self.file.write(json.dumps(record) + "\n")
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-
-
 def run(data_settings: DataSettings, model_settings: ModelSettings,
         settings: TrainSettings) -> dict:
     """Train (or resume) in `settings.workdir`, then export and evaluate; returns eval.json's
     contents plus "train_seconds"."""
     if settings.distributed:
         jax.distributed.initialize()
-    workdir = Path(settings.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    primary = jax.process_index() == 0
+    workdir, lock = open_workdir(settings.workdir) if primary else (Path(settings.workdir), None)
+    try:
+        return run_in(workdir, data_settings, model_settings, settings)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def run_in(workdir: Path, data_settings: DataSettings, model_settings: ModelSettings,
+           settings: TrainSettings) -> dict:
+    primary = jax.process_index() == 0
     checkpointer = Checkpointer(workdir, keep=settings.keep)
     resuming = checkpointer.latest_step() is not None
-    check_run_settings(workdir, recorded(data_settings, model_settings, settings), resuming)
+    check_run_settings(workdir, recorded(data_settings, model_settings, settings), resuming,
+                       primary)
 
     splits = load_corpus(data_settings, settings.seed)
     tokenizer = load_tokenizer(workdir, splits["train"], data_settings, settings.seed, resuming)
@@ -128,8 +105,8 @@ def run(data_settings: DataSettings, model_settings: ModelSettings,
         config = TransformerConfig.from_json(config_path)
     else:
         config = model_settings.config(tokenizer.vocab_size, data_settings.max_len)
-        if jax.process_index() == 0:
-            config.to_json(config_path)
+        if primary:
+            write_atomically(config_path, config.to_json)
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
     model = Transformer(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
                         param_dtype=jnp.float32)
@@ -142,9 +119,12 @@ def run(data_settings: DataSettings, model_settings: ModelSettings,
         f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
 
     started = time.time()
-    state = train(trainer, schedule, checkpointer, data, settings, resuming)
+    state = train(trainer, schedule, checkpointer, data, settings, data_settings, resuming)
     train_seconds = time.time() - started
-    summary = finish(settings, workdir, trainer, state, tokenizer, splits, data)
+    with cli.signal_handlers(cli.exit_at_once(
+            f"stopped during the final export and evaluation; training is saved at step "
+            f"{int(state.step)}; run the same command to finish them")):
+        summary = finish(settings, workdir, trainer, state, tokenizer, splits, data)
     summary["train_seconds"] = round(train_seconds, 1)
     checkpointer.close()
     return summary
@@ -157,8 +137,11 @@ def load_tokenizer(workdir: Path, pairs, data: DataSettings, seed: int,
     if resuming and path.exists():
         tokenizer = Tokenizer(path)
     else:
-        tokenizer = train_tokenizer(pairs, path, vocab_size=data.vocab_size,
-                                    model_type=data.tokenizer_type, seed=seed)
+        try:
+            tokenizer = train_tokenizer(pairs, path, vocab_size=data.vocab_size,
+                                        model_type=data.tokenizer_type, seed=seed)
+        except TokenizerError as e:
+            raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
     log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
     return tokenizer
 
@@ -172,6 +155,7 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
             log(f"{split}: {report}")
         batches[split] = BucketedBatches(src_ids, tgt_ids, data.max_tokens,
                                          batch_multiple=jax.device_count(),
+                                         buckets=bucket_lengths(data.max_len),
                                          shuffle=split == "train", seed=seed)
     log("train batch shapes (rows, source length, target length): "
         + ", ".join(map(str, batches["train"].shapes())))
@@ -179,23 +163,26 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
 
 
 def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
-          data: dict[str, BucketedBatches], settings: TrainSettings, resuming: bool):
+          data: dict[str, BucketedBatches], settings: TrainSettings, data_settings: DataSettings,
+          resuming: bool):
     """The loop: steps up to `settings.steps`, metrics, evaluations, checkpoints.
-    Returns the final state, saved."""
+    Returns the final state, saved. SIGINT/SIGTERM: the step finishes and is saved
+    (jax_transformer.train.interrupts), then cli.Interrupted says so."""
     state = trainer.initial_state
     batches = data["train"].iterator()
     if resuming:
-        state, data_state = checkpointer.restore(state)
-        batches.set_state(data_state)
+        state, data_state = checkpointer.restore_newest_intact(state, warn=log)
+        set_data_position(batches, data_state, data_settings, int(state.step))
         log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
     start_step = int(state.step)
-    metrics_log = MetricsLog(Path(settings.workdir) / "metrics.jsonl", start_step)
+    metrics_log = MetricsLog(Path(settings.workdir) / METRICS_FILE, start_step,
+                             enabled=jax.process_index() == 0)
     started = time.time()
     last_saved = start_step if resuming else None
     progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                     disable=settings.quiet or jax.process_index() != 0, dynamic_ncols=True)
-    try:
-        while int(state.step) < settings.steps:
+    with interrupts.deferred_stops() as stops, progress, contextlib.closing(metrics_log):
+        while int(state.step) < settings.steps and not stops.agreed():
             step_started = time.time()
             micro_batches = [trainer.shard_batch(next(batches))
                              for _ in range(settings.accumulate)]
@@ -206,6 +193,7 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
             step = int(state.step)
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                checkpointer.wait()
                 where = (f"the last good checkpoint is step {last_saved} in "
                          f"{checkpointer.manager.directory}" if last_saved is not None
                          else "no checkpoint was written")
@@ -214,10 +202,11 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
             tokens = int(metrics["tokens"])
             lr = float(schedule(step - 1))
             tokens_per_s = tokens / max(time.time() - step_started, 1e-9)
-            metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=tokens,
-                              tokens_per_s=round(tokens_per_s, 1),
+            metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
+                              tokens=tokens, tokens_per_s=round(tokens_per_s, 1),
                               elapsed=round(time.time() - started, 3))
-            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+            progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}",
+                                 tok_s=f"{tokens_per_s:,.0f}")
             progress.update(1)
             if step % settings.eval_every == 0 or step == settings.steps:
                 dev = evaluation.heldout_loss(trainer, state, data["dev"])
@@ -228,21 +217,26 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
             if step % settings.checkpoint_every == 0 or step == settings.steps:
                 checkpointer.save(state, batches.get_state())
                 last_saved = step
-    except KeyboardInterrupt:
-        progress.close()
-        if int(state.step) != last_saved:
+        if int(state.step) != last_saved:  # stopped by a signal between checkpoints
             checkpointer.save(state, batches.get_state())
         checkpointer.wait()
-        raise Interrupted(f"interrupted: saved step {int(state.step)}; run the same command "
-                          "to resume") from None
-    except TrainingDiverged:
-        progress.close()
-        checkpointer.wait()
-        raise
-    progress.close()
-    checkpointer.wait()
-    metrics_log.close()
+    if stops.signum is not None:
+        raise cli.Interrupted(f"{signal.Signals(stops.signum).name}: saved step "
+                              f"{int(state.step)} in {checkpointer.manager.directory}; run the "
+                              "same command to resume", stops.signum)
     return state
+
+
+def set_data_position(batches, data_state: dict, data_settings: DataSettings,
+                      step: int) -> None:
+    """Put the batch iterator where checkpoint `step` left it, or say what changed."""
+    try:
+        batches.set_state(data_state)
+    except CorpusError as e:
+        corpus = ("the built-in corpus (its flags)" if data_settings.builtin else
+                  "--columns-path" if data_settings.columns_path else "--src-path / --tgt-path")
+        raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
+                         f"{corpus} changed? Restore it, or use a new --workdir") from None
 
 
 def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
@@ -271,7 +265,7 @@ def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
     if jax.process_index() != 0:
         return results
 
-    (workdir / "eval.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_text_atomically(workdir / "eval.json", json.dumps(results, indent=2) + "\n")
     plots.loss_curve(workdir / "metrics.jsonl", workdir / "loss.png")
     source, translation = sources[0], hypotheses[0]
     src_ids = np.array([tokenizer.encode(source) + [config.eos_id]], np.int32)
