@@ -29,33 +29,14 @@ from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.tokenizer import Tokenizer
 from jax_transformer.cli import RunFailed
 from jax_transformer.train import settings
-from jax_transformer.train.loop import check_run_settings, run
+from tests.train.runs import REPO_ROOT, TINY, losses, tiny_run, tiny_settings
+from jax_transformer.train.workdir import check_run_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from torch_reference import Transformer as TorchTransformer
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-number", "10000",
-        "--vocab-size", "200", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1",
-        "--max-tokens", "512", "--warmup", "4", "--checkpoint-every", "4", "--eval-every", "6",
-        "--decode-batch-size", "40", "--samples", "2", "--quiet"]
-
-
-def tiny_settings(workdir, *extra):
-    """(data, model, train) settings as train.py parses them from its flags."""
-    return settings.from_flags(vars(train.parse_args(["--workdir", str(workdir), *TINY, *extra])))
-
-
-def tiny_run(workdir, *extra):
-    return run(*tiny_settings(workdir, *extra))
 
 
 def recorded(workdir, *extra):
     return settings.recorded(*tiny_settings(workdir, *extra))
-
-
-def losses(workdir) -> list[tuple[int, float]]:
-    records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"]) for r in records if "loss" in r]
 
 
 @pytest.fixture(scope="module")
