@@ -135,16 +135,19 @@ def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp
 @pytest.mark.slow
 def test_a_second_run_on_a_busy_workdir_is_refused_until_the_first_ends(tmp_path):
     first = TrainProcess(tmp_path, "--steps", "100000")
-    first.wait_for("model:")
-    second = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *TINY],
-                            cwd=REPO_ROOT, env=ENV, capture_output=True, text=True, timeout=240)
-    assert second.returncode == 2
-    assert second.stderr.strip().splitlines()[-1] == (
-        f"error: --workdir {tmp_path} is in use by another train.py run (it holds "
-        f"{tmp_path / 'train.lock'}); wait for it to end or choose another --workdir")
-    assert first.process.poll() is None  # untouched by the refused run
-    first.send(signal.SIGKILL)
-    first.finish()
+    try:
+        first.wait_for("model:")
+        second = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *TINY,
+                                 "--steps", "1"], cwd=REPO_ROOT, env=ENV, capture_output=True,
+                                text=True, timeout=240)
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"error: --workdir {tmp_path} is in use by another train.py run (it holds "
+            f"{tmp_path / 'train.lock'}); wait for it to end or choose another --workdir")
+        assert first.process.poll() is None  # untouched by the refused run
+    finally:
+        first.send(signal.SIGKILL)
+        first.finish()
     _, lock = open_workdir(tmp_path)  # a killed run leaves no stale lock
     lock.release()
 
