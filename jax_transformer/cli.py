@@ -43,11 +43,16 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
+def write_from_handler(line: str) -> None:
+    """One line on stderr from a signal handler: os.write, not print, because the signal
+    may have interrupted a print to stderr, and a reentrant print raises."""
+    os.write(sys.stderr.fileno(), f"\n{line}\n".encode())
+
+
 def exit_at_once(message: str = "stopped") -> Callable[[int, object], None]:
     """A signal handler: print '<SIGNAL>: <message>' and exit 128 + the signal number."""
     def handler(signum: int, frame) -> None:
-        # os.write, not print: the signal may have interrupted a print to stderr.
-        os.write(sys.stderr.fileno(), f"\n{signal.Signals(signum).name}: {message}\n".encode())
+        write_from_handler(f"{signal.Signals(signum).name}: {message}")
         os._exit(128 + signum)
     return handler
 

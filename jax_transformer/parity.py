@@ -42,6 +42,7 @@ from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CheckpointError
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
+from jax_transformer.translate import split_lines
 from jax_transformer.numerics import (MIXED_FACTOR, mixed_precision_ok, pinned_numerics,
                                       relative_rms_error, rounding_error)
 
@@ -358,7 +359,9 @@ def report_command(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config, _ = checkpoint_dir.load_dir(args.checkpoint)
     if args.sentences:
-        lines = [l.strip() for l in Path(args.sentences).read_text().splitlines() if l.strip()]
+        text = Path(args.sentences).read_bytes()
+        lines = [line.strip() for line in split_lines(text, f"--sentences {args.sentences}")
+                 if line.strip()]
         if not lines:
             raise InputError(f"{args.sentences} has no sentences")
         src, tgt = sentence_batch(args.checkpoint, config, lines)

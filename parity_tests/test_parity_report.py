@@ -130,6 +130,11 @@ def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
     assert parity.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "sents.txt"),
                         "--dtypes", "float32"]) == 0
     assert "2 sentence(s)" in capsys.readouterr().out
+    (tmp_path / "latin1.txt").write_bytes("the lazy dog\nsch\xf6n\n".encode("latin-1"))
+    assert parity.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "latin1.txt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --sentences {tmp_path / 'latin1.txt'} is not UTF-8 text (line 2, byte 4: "
+        "invalid start byte)")
 
 
 @pytest.mark.slow

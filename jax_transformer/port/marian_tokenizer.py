@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from jax_transformer.port.reading import PortError
+from jax_transformer.port.reading import PortError, read_json_object
 from transformer_core.config import TransformerConfig
 
 
@@ -30,9 +29,9 @@ class MarianTokenizer:
         if "source" not in self.spm or not (directory / "vocab.json").is_file():
             raise PortError(f"{directory} has no Marian tokenizer (source.spm + vocab.json)")
         self.spm.setdefault("target", self.spm["source"])
-        self.vocab = {"source": json.loads((directory / "vocab.json").read_text())}
+        self.vocab = {"source": read_json_object(directory / "vocab.json")}
         target_vocab = directory / "target_vocab.json"
-        self.vocab["target"] = (json.loads(target_vocab.read_text()) if target_vocab.is_file()
+        self.vocab["target"] = (read_json_object(target_vocab) if target_vocab.is_file()
                                 else self.vocab["source"])
         for vocab in self.vocab.values():
             for piece in ("</s>", "<unk>", "<pad>"):

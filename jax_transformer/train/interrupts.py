@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 from typing import Iterator
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm import tqdm
 
 from jax_transformer import cli
 
 
 class StopRequests:
+    """The signal handler of `deferred_stops`: the first signal is a request, the second exits."""
+
     def __init__(self):
         self.signum: int | None = None  # the first signal received
         self.exit_at_once = cli.exit_at_once(
@@ -35,8 +35,8 @@ class StopRequests:
         if self.signum is not None:
             self.exit_at_once(signum, frame)
         self.signum = signum
-        tqdm.write(f"{signal.Signals(signum).name}: stopping after this step, once it is saved "
-                   "(send it again to stop at once without saving)", file=sys.stderr)
+        cli.write_from_handler(f"{signal.Signals(signum).name}: stopping after this step, once "
+                               "it is saved (send it again to stop at once without saving)")
 
     def agreed(self) -> bool:
         """Whether to stop now: any process received a signal (a collective on several hosts)."""

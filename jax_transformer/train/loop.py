@@ -79,18 +79,18 @@ def run(data_settings: DataSettings, model_settings: ModelSettings,
     contents plus "train_seconds"."""
     if settings.distributed:
         jax.distributed.initialize()
-    primary = jax.process_index() == 0
+    primary = jax.process_index() == 0  # writes the run's files and holds the workdir lock
     workdir, lock = open_workdir(settings.workdir) if primary else (Path(settings.workdir), None)
     try:
-        return run_in(workdir, data_settings, model_settings, settings)
+        return run_in(workdir, primary, data_settings, model_settings, settings)
     finally:
         if lock is not None:
             lock.release()
 
 
-def run_in(workdir: Path, data_settings: DataSettings, model_settings: ModelSettings,
-           settings: TrainSettings) -> dict:
-    primary = jax.process_index() == 0
+def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
+           model_settings: ModelSettings, settings: TrainSettings) -> dict:
+    """`run`, inside the locked work directory."""
     checkpointer = Checkpointer(workdir, keep=settings.keep)
     resuming = checkpointer.latest_step() is not None
     check_run_settings(workdir, recorded(data_settings, model_settings, settings), resuming,
