@@ -65,8 +65,12 @@ class TrainProcess:
 
 
 def data_position(workdir: Path, step: int) -> dict:
-    manager = checkpoints.Checkpointer(workdir).manager
-    return manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+    checkpointer = checkpoints.Checkpointer(workdir)
+    try:
+        return checkpointer.manager.restore(
+            step, args=ocp.args.Composite(data=ocp.args.JsonRestore())).data
+    finally:
+        checkpointer.close()
 
 
 @pytest.fixture(scope="module")
