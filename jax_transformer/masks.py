@@ -12,3 +12,15 @@ def causal_mask(length: int):
     """(1, 1, L, L): query i may attend to keys 0..i."""
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
+
+
+def segment_masks(src_segments, tgt_segments):
+    """Packed rows: segment ids (B, S) and (B, T), 1, 2, ... for the pairs of a row and
+    0 for padding -> the three masks that keep every pair to itself:
+    src_mask (B, 1, S, S), tgt_mask (B, 1, T, T) (also causal), memory_mask (B, 1, T, S)."""
+    def same_segment(query, key):  # (B, Lq), (B, Lk) -> (B, 1, Lq, Lk), pad keys hidden
+        return ((query[:, None, :, None] == key[:, None, None, :])
+                & (key != 0)[:, None, None, :])
+    tgt_mask = same_segment(tgt_segments, tgt_segments) & causal_mask(tgt_segments.shape[1])
+    return (same_segment(src_segments, src_segments), tgt_mask,
+            same_segment(tgt_segments, src_segments))

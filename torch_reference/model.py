@@ -137,12 +137,12 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = layer_norm(config)
         self.residual = Residual(config)
 
-    def forward(self, x, memory, src_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
+    def forward(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
         h = self.residual.norm_input(x, self.self_attn_norm)
         h, self_weights = self.self_attn(h, h, tgt_mask)
         x = self.residual.add_residual(x, h, self.self_attn_norm)
         h = self.residual.norm_input(x, self.cross_attn_norm)
-        h, cross_weights = self.cross_attn(h, memory, src_mask)
+        h, cross_weights = self.cross_attn(h, memory, memory_mask)
         x = self.residual.add_residual(x, h, self.cross_attn_norm)
         h = self.residual.norm_input(x, self.ffn_norm)
         x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
@@ -200,10 +200,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_decoder_layers)])
         self.final_norm = layer_norm(config) if config.final_norm else None
 
-    def forward(self, x, memory, src_mask, tgt_mask):
+    def forward(self, x, memory, memory_mask, tgt_mask):
         all_self, all_cross = [], []
         for layer in self.layers:
-            x, self_weights, cross_weights = layer(x, memory, src_mask, tgt_mask)
+            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask)
             all_self.append(self_weights)
             all_cross.append(cross_weights)
         if self.final_norm is not None:
@@ -260,16 +260,20 @@ class Transformer(nn.Module):
         """Where the parameters live; decoding makes its tensors there."""
         return self.target_embedding().weight.device
 
-    def embed(self, table: nn.Embedding, ids):  # (B, L) -> (B, L, D)
+    def embed(self, table: nn.Embedding, ids, positions=None):  # (B, L) -> (B, L, D)
+        """Token embeddings plus the sinusoid of each position: 0..L-1 by default, or
+        `positions` (B, L) (packed rows restart at 0 for each pair)."""
         if ids.shape[1] > self.config.max_len:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len "
                              f"{self.config.max_len}")
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        positions = sinusoidal_positions(ids.shape[1], self.config.d_model,
-                                         self.config.position_layout)
-        return self.embed_dropout(x + torch.tensor(positions, dtype=x.dtype, device=x.device))
+        table_pe = torch.tensor(sinusoidal_positions(self.config.max_len, self.config.d_model,
+                                                     self.config.position_layout),
+                                dtype=x.dtype, device=x.device)  # (max_len, D)
+        pe = table_pe[: ids.shape[1]] if positions is None else table_pe[positions]  # (L|B, L, D)
+        return self.embed_dropout(x + pe)
 
     def embed_step(self, table: nn.Embedding, ids, position):  # (B, 1) ids at `position` -> (B, 1, D)
         x = table(ids)
@@ -280,14 +284,15 @@ class Transformer(nn.Module):
         row = torch.tensor(positions[position:position + 1], dtype=x.dtype, device=x.device)  # (1, D)
         return self.embed_dropout(x + row)
 
-    def encode(self, src_ids, src_mask=None):
+    def encode(self, src_ids, src_mask=None, positions=None):
         """(B, S) ids -> memory (B, S, D) and each layer's self-attention weights."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)  # (B, 1, 1, S)
-        return self.encoder(self.embed(self.source_embedding(), src_ids), src_mask)
+        return self.encoder(self.embed(self.source_embedding(), src_ids, positions), src_mask)
 
-    def decode(self, tgt_ids, memory, src_mask, tgt_mask=None):
+    def decode(self, tgt_ids, memory, memory_mask, tgt_mask=None, positions=None):
         """(B, T) ids and memory -> hidden (B, T, D), self- and cross-attention weights.
+        `memory_mask` (cross-attention) is usually the source padding mask.
 
         The default target mask is causal only: targets are right-padded, so
         causality already hides every pad key from every real query (and pad
@@ -296,8 +301,8 @@ class Transformer(nn.Module):
         """
         if tgt_mask is None:
             tgt_mask = causal_mask(tgt_ids.shape[1], tgt_ids.device)  # (1, 1, T, T)
-        return self.decoder(self.embed(self.target_embedding(), tgt_ids), memory,
-                            src_mask, tgt_mask)
+        return self.decoder(self.embed(self.target_embedding(), tgt_ids, positions), memory,
+                            memory_mask, tgt_mask)
 
     def init_cache(self, memory, max_len: int):
         """The decoding cache for `memory` (B, S, D): one dict per decoder layer with
@@ -325,18 +330,23 @@ class Transformer(nn.Module):
         return self.output_projection(hidden)
 
     def forward(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
-                return_attention: bool = False):
+                return_attention: bool = False, *, memory_mask=None, src_positions=None,
+                tgt_positions=None):
         """src_ids (B, S), tgt_ids (B, T) -> logits (B, T, V).
 
         Masks are boolean, True = may attend, broadcastable to (B, H, Tq, Tk);
-        by default the source mask hides pad keys and the target mask is causal.
+        by default the source mask hides pad keys, the target mask is causal and
+        the memory (cross-attention) mask is the source mask. Positions (B, L)
+        default to 0..L-1. Packed batches pass all five (masks.segment_masks).
         With `return_attention`, also returns {"encoder_self", "decoder_self",
         "cross"}: lists of (B, H, Tq, Tk) weights, one per layer.
         """
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.config.pad_id)
-        memory, encoder_self = self.encode(src_ids, src_mask)
-        hidden, decoder_self, cross = self.decode(tgt_ids, memory, src_mask, tgt_mask)
+        memory, encoder_self = self.encode(src_ids, src_mask, src_positions)
+        memory_mask = src_mask if memory_mask is None else memory_mask
+        hidden, decoder_self, cross = self.decode(tgt_ids, memory, memory_mask, tgt_mask,
+                                                  tgt_positions)
         logits = self.project(hidden)
         if return_attention:
             return logits, {"encoder_self": encoder_self, "decoder_self": decoder_self,

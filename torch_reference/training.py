@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_reference.masks import segment_masks
+
 
 def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
     """Cross-entropy against (1 - smoothing) * one_hot + smoothing / V, summed over
@@ -17,6 +19,18 @@ def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float =
     loss_sum = F.cross_entropy(logits, labels.reshape(-1), ignore_index=pad_id,
                                label_smoothing=smoothing, reduction="sum")
     return loss_sum, (labels != pad_id).sum()
+
+
+def model_inputs(batch) -> dict:
+    """The model's arguments for a batch: {"src", "tgt_in"} ids, and for a packed batch
+    (jax_transformer.data.batching) the masks of its segment ids and its positions."""
+    inputs = {"src_ids": batch["src"], "tgt_ids": batch["tgt_in"]}
+    if "src_segments" in batch:
+        src_mask, tgt_mask, memory_mask = segment_masks(batch["src_segments"],
+                                                        batch["tgt_segments"])
+        inputs.update(src_mask=src_mask, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"])
+    return inputs
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
@@ -38,7 +52,8 @@ def make_optimizer(model: torch.nn.Module, schedule):
 
 def train_step(model, optimizer, scheduler, micro_batches, label_smoothing: float = 0.1,
                clip_norm: float | None = None) -> dict:
-    """One update from one or more micro-batches of {"src", "tgt_in", "tgt_out"}.
+    """One update from one or more micro-batches of {"src", "tgt_in", "tgt_out"} (packed
+    ones with segment ids and positions too).
 
     Gradients of the summed losses are accumulated and divided once by the total
     token count: the gradient of one batch holding every micro-batch.
@@ -47,7 +62,7 @@ def train_step(model, optimizer, scheduler, micro_batches, label_smoothing: floa
     loss_sum, num_tokens = 0.0, 0
     pad_id = model.config.pad_id
     for batch in micro_batches:
-        logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
+        logits = model(**model_inputs(batch))  # (B, T, V)
         batch_loss, batch_tokens = label_smoothed_cross_entropy(
             logits, batch["tgt_out"], pad_id, label_smoothing)
         batch_loss.backward()

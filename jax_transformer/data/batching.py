@@ -1,29 +1,38 @@
-"""From sentence pairs to fixed-shape, token-budget batches that resume exactly.
+"""From sentence pairs to packed, fixed-shape, token-budget batches that resume exactly.
 
     pairs --train_tokenizer--> Tokenizer (one vocabulary for both sides)
     pairs --encode_pairs-----> src_ids, tgt_ids (int32 piece arrays, no specials)
-          --BucketedBatches--> {"src": (B, S), "tgt_in": (B, T), "tgt_out": (B, T)}
+          --PackedBatches----> {"src", "src_segments", "src_positions",     (R, L) each
+                                "tgt_in", "tgt_out", "tgt_segments", "tgt_positions"}
 
-Shapes. The source is padded to the smallest bucket length S >= len(src) + 1
-(+1 for eos), the target to the smallest T >= len(tgt) + 1 (+1 for bos on the
-decoder input); pairs with the same (S, T) share a bucket. A bucket's batch
-size is fixed, B = max_tokens // max(S, T) rounded down to a multiple of
-`batch_multiple`, so B * max(S, T) <= max_tokens and B splits evenly over
-devices. A bucket's last, partial batch is filled with
-all-pad rows (src[:, 0] == PAD_ID marks them; their labels are all pad, so a
-pad-masked loss ignores them). `BucketedBatches.shapes()` lists every shape an
-epoch yields: jit compiles once per entry, and never again.
+Packing (as in the Flax WMT example). Several pairs share a row: the source row
+holds their sources one after another (pieces + eos each), the target rows their
+targets (decoder input bos + pieces, labels pieces + eos) in the same order.
+Segment ids number the pairs of a row 1, 2, ... (0 = padding) and positions
+restart at 0 for each pair, so the model (jax_transformer.masks.segment_masks)
+never attends across pairs, and the loss ignores padding. A pair needs
+len(src) + 1 source and len(tgt) + 1 target positions.
 
-Resume. The batch plan of epoch e is a pure function of (seed, e): examples are
-shuffled within their bucket, cut into batches, and the batches shuffled
-across buckets. A `BatchIterator`'s position is {"epoch": e, "index": i, ...}, so a
-run restored from a checkpoint sees exactly the batches an uninterrupted run
-would have seen. Needs numpy and sentencepiece, not JAX.
+Shapes. Rows have one of a few fixed (source length S, target length T) shapes,
+`row_shapes`; train.py uses one (`fitting_row_shape`). A batch has R = max_tokens
+// max(S, T) rows (rounded down to a multiple of `batch_multiple`), so each side
+holds at most max_tokens token slots, and an epoch yields one batch shape per
+row shape: jit compiles once per entry of `shapes()`, and never again. Pairs are
+packed best-fit decreasing: longest first, each into the open row with the least
+target room left that holds it on both sides, else into a new row of the
+first row shape that fits. A row shape's last, partial batch gets all-pad rows.
+
+Resume. The batch plan of epoch e is a pure function of (seed, e): the pairs are
+shuffled (ties in length keep that order), packed, the rows shuffled and cut
+into batches, and the batches shuffled. A `BatchIterator`'s position is {"epoch":
+e, "index": i, ...}, so a run restored from a checkpoint sees exactly the batches
+an uninterrupted run would have seen. Needs numpy and sentencepiece, not JAX.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
+import collections
 import functools
 import hashlib
 import os
@@ -37,6 +46,9 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # pairs per SentencePiece call in encode_pairs
+ROW_SENTENCES = 4  # average sentences a row of fitting_row_shape holds, at least
+BATCH_KEYS = ("src", "src_segments", "src_positions",
+              "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
 
 
 def train_tokenizer(pairs: Sequence[Pair], model_path: str | os.PathLike,
@@ -93,58 +105,87 @@ def padded_length(length: int, boundaries: Sequence[int]) -> int:
     return int(boundaries[np.searchsorted(boundaries, length)])
 
 
-@dataclasses.dataclass(frozen=True)
-class Bucket:
-    src_length: int  # S: sources padded to this many positions
-    tgt_length: int  # T: targets padded to this many positions
-    batch_size: int  # B: rows per batch, B * max(S, T) <= max_tokens
-    examples: np.ndarray  # (n,) indices of the pairs in this bucket, ascending
-
-    @property
-    def num_batches(self) -> int:
-        return -(-len(self.examples) // self.batch_size)
+def positions_needed(ids: Sequence[np.ndarray]) -> np.ndarray:
+    """(n,) positions each sentence takes in a row: its pieces plus eos (or bos)."""
+    return np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
 
 
-class BucketedBatches:
-    """One split's encoded pairs, served as length-bucketed fixed-shape batches."""
+def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
+              row_shapes: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """Best-fit-decreasing packing: [(row shape index, example indices in row order)].
+
+    Examples are taken longest first (by the longer side; ties in `order`'s
+    order); each goes into the open row with the least target room that still
+    holds it on both sides, else opens a row of the first shape that holds it.
+    """
+    longest_first = order[np.argsort(-np.maximum(src_needed, tgt_needed)[order], kind="stable")]
+    rows: list[tuple[int, list[int]]] = []
+    src_room: list[int] = []
+    by_tgt_room: dict[int, list[int]] = collections.defaultdict(list)  # room -> open rows
+    rooms: list[int] = []  # sorted keys of by_tgt_room with open rows
+    smallest = int(min(src_needed.min(), tgt_needed.min()))
+    for i in longest_first.tolist():
+        s, t = int(src_needed[i]), int(tgt_needed[i])
+        row = None
+        for room in rooms[bisect.bisect_left(rooms, t):]:
+            candidates = by_tgt_room[room]
+            for k in range(len(candidates) - 1, max(len(candidates) - 9, -1), -1):
+                if src_room[candidates[k]] >= s:  # few rows checked per room: fast enough
+                    row = candidates.pop(k)
+                    break
+            if row is not None:
+                if not candidates:
+                    del by_tgt_room[room]
+                    rooms.remove(room)
+                break
+        if row is None:
+            shape = next(c for c, (S, T) in enumerate(row_shapes) if S >= s and T >= t)
+            row, room = len(rows), row_shapes[shape][1]
+            rows.append((shape, []))
+            src_room.append(row_shapes[shape][0])
+        rows[row][1].append(i)
+        src_room[row] -= s
+        room -= t
+        if room >= smallest and src_room[row] >= smallest:
+            if room not in by_tgt_room:
+                bisect.insort(rooms, room)
+            by_tgt_room[room].append(row)
+    return rows
+
+
+class PackedBatches:
+    """One split's encoded pairs, served as packed fixed-shape batches."""
 
     def __init__(self, src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray],
-                 max_tokens: int, batch_multiple: int = 1,
-                 buckets: Iterable[int] = DEFAULT_BUCKETS, shuffle: bool = True,
-                 seed: int = 0):
-        """`max_tokens` bounds B * L per batch (padded positions of one side, as
-        fairseq's --max-tokens); `batch_multiple` is usually the device count;
-        `shuffle=False` gives a fixed order for evaluation (buckets in length order)."""
+                 max_tokens: int, row_shapes: Sequence[tuple[int, int]],
+                 batch_multiple: int = 1, shuffle: bool = True, seed: int = 0):
+        """`max_tokens` bounds the token slots of each side of a batch (padding
+        included, as fairseq's --max-tokens); `row_shapes` are the (source length,
+        target length) of the rows (see `fitting_row_shape`); `batch_multiple` is
+        usually the device count; `shuffle=False` gives one fixed plan, for evaluation."""
         if len(src_ids) != len(tgt_ids) or not src_ids:
             raise CorpusError(f"need equally many source and target examples, at least one; "
-                             f"got {len(src_ids)} and {len(tgt_ids)}")
+                              f"got {len(src_ids)} and {len(tgt_ids)}")
         if batch_multiple < 1:
             raise CorpusError(f"batch_multiple must be positive, got {batch_multiple}")
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
-        self.shuffle, self.seed = shuffle, seed
-        boundaries = np.array(sorted(set(buckets)))
-        # Positions each side needs: pieces + eos (source), bos + pieces (target).
-        # Each side is padded to its own bucket, so a short target is not padded
-        # to its source's length (number words: ~5 German pieces, ~12 English).
-        src_needed = np.array([len(s) + 1 for s in src_ids])
-        tgt_needed = np.array([len(t) + 1 for t in tgt_ids])
-        longest = max(src_needed.max(), tgt_needed.max())
-        if longest > boundaries[-1]:
-            raise CorpusError(f"a pair needs {longest} positions, more than the largest "
-                             f"bucket {boundaries[-1]}; encode with max_len <= it")
-        src_bucket = np.searchsorted(boundaries, src_needed)  # smallest boundary >= needed
-        tgt_bucket = np.searchsorted(boundaries, tgt_needed)
-        self.buckets: list[Bucket] = []
-        for b_src, b_tgt in sorted(set(zip(src_bucket.tolist(), tgt_bucket.tolist()))):
-            examples = np.flatnonzero((src_bucket == b_src) & (tgt_bucket == b_tgt))
-            S, T = int(boundaries[b_src]), int(boundaries[b_tgt])
-            batch_size = max_tokens // max(S, T) // batch_multiple * batch_multiple
-            if batch_size == 0:
+        self.shuffle, self.seed, self.max_tokens = shuffle, seed, max_tokens
+        self.src_needed, self.tgt_needed = positions_needed(src_ids), positions_needed(tgt_ids)
+        self.row_shapes = sorted({(int(S), int(T)) for S, T in row_shapes}, key=max)
+        for side, needed in (("source", self.src_needed), ("target", self.tgt_needed)):
+            room = max(shape[side == "target"] for shape in self.row_shapes)
+            if needed.max() > room:
+                raise CorpusError(f"a {side} sentence needs {needed.max()} positions, more than "
+                                  f"the longest {side} row {room}; encode with max_len <= it")
+        self.rows_per_batch = []
+        for S, T in self.row_shapes:
+            rows = max_tokens // max(S, T) // batch_multiple * batch_multiple
+            if rows == 0:
                 raise CorpusError(f"max_tokens {max_tokens} cannot hold {batch_multiple} rows of "
-                                 f"length {max(S, T)}; need max_tokens >= "
-                                 f"{batch_multiple * max(S, T)}")
-            self.buckets.append(Bucket(S, T, int(batch_size), examples))
-        self.num_batches = sum(bucket.num_batches for bucket in self.buckets)  # per epoch
+                                  f"length {max(S, T)}; need max_tokens >= "
+                                  f"{batch_multiple * max(S, T)}")
+            self.rows_per_batch.append(rows)
+        self._plans: dict[int, list] = {}
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -159,42 +200,82 @@ class BucketedBatches:
         return digest.hexdigest()[:16]
 
     def shapes(self) -> list[tuple[int, int, int]]:
-        """Every (B, S, T) an epoch yields: src is (B, S), tgt_in and tgt_out (B, T)."""
-        return [(bucket.batch_size, bucket.src_length, bucket.tgt_length)
-                for bucket in self.buckets]
+        """Every (R, S, T) an epoch yields: source arrays are (R, S), target arrays (R, T)."""
+        return [(R, S, T) for R, (S, T) in zip(self.rows_per_batch, self.row_shapes)]
 
-    def epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-        """The batches of `epoch` as (bucket index, example indices), a function of (seed, epoch)."""
+    def epoch_plan(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
+        """The batches of `epoch` as (row shape index, rows of example indices), a
+        function of (seed, epoch). The latest two plans are kept."""
+        if epoch not in self._plans:
+            self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
+            self._plans[epoch] = self._plan(epoch)
+        return self._plans[epoch]
+
+    def _plan(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
+        order = rng.permutation(len(self.src_ids)) if rng is not None else np.arange(
+            len(self.src_ids))
+        rows = pack_rows(self.src_needed, self.tgt_needed, order, self.row_shapes)
         plan = []
-        for b, bucket in enumerate(self.buckets):
-            order = rng.permutation(bucket.examples) if rng is not None else bucket.examples
-            plan += [(b, order[start:start + bucket.batch_size])
-                     for start in range(0, len(order), bucket.batch_size)]
+        for c, R in enumerate(self.rows_per_batch):
+            members = [row for shape, row in rows if shape == c]
+            if rng is not None:
+                members = [members[i] for i in rng.permutation(len(members))]
+            plan += [(c, members[start:start + R]) for start in range(0, len(members), R)]
         if rng is not None:
             plan = [plan[i] for i in rng.permutation(len(plan))]
         return plan
 
-    def make_batch(self, bucket_index: int, examples: np.ndarray) -> dict[str, np.ndarray]:
-        """Pad the given examples into one batch of the bucket's shape."""
-        bucket = self.buckets[bucket_index]
-        src = np.full((bucket.batch_size, bucket.src_length), PAD_ID, np.int32)  # pieces + [eos]
-        tgt_in = np.full((bucket.batch_size, bucket.tgt_length), PAD_ID, np.int32)  # [bos] + pieces
-        tgt_out = np.full_like(tgt_in, PAD_ID)  # pieces + [eos]
-        for row, i in enumerate(examples):  # rows past len(examples) stay all-pad
-            s, t = self.src_ids[i], self.tgt_ids[i]
-            src[row, :len(s)] = s
-            src[row, len(s)] = EOS_ID
-            tgt_in[row, 0] = BOS_ID
-            tgt_in[row, 1:len(t) + 1] = t
-            tgt_out[row, :len(t)] = t
-            tgt_out[row, len(t)] = EOS_ID
-        return {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out}
+    def fill(self, epoch: int = 0) -> dict[str, float]:
+        """How full epoch `epoch`'s batches are: the fraction of token slots holding
+        real tokens (each side, and both), and real target tokens per batch."""
+        plan = self.epoch_plan(epoch)
+        src_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][0] for c, _ in plan)
+        tgt_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][1] for c, _ in plan)
+        src, tgt = int(self.src_needed.sum()), int(self.tgt_needed.sum())
+        return {"real_fraction": (src + tgt) / (src_slots + tgt_slots),
+                "src_real_fraction": src / src_slots, "tgt_real_fraction": tgt / tgt_slots,
+                "tgt_tokens_per_batch": tgt / len(plan), "batches": len(plan)}
+
+    def make_batch(self, shape: int, rows: list[list[int]]) -> dict[str, np.ndarray]:
+        """Lay the given rows of examples out as one batch of row shape `shape`."""
+        R, (S, T) = self.rows_per_batch[shape], self.row_shapes[shape]
+        examples = np.array([i for row in rows for i in row])  # (n,) in row order
+        sizes = [len(row) for row in rows]
+        row_of = np.repeat(np.arange(len(rows)), sizes)  # (n,) each example's row
+        first_in_row = np.cumsum([0] + sizes[:-1])  # (rows,) index of each row's first example
+        segment = np.arange(len(examples)) - np.repeat(first_in_row, sizes) + 1  # 1, 2, ... per row
+        batch = {}
+        for side, ids, needed, L in (("src", self.src_ids, self.src_needed, S),
+                                     ("tgt", self.tgt_ids, self.tgt_needed, T)):
+            lengths = needed[examples]  # (n,)
+            offset = np.cumsum(lengths) - lengths  # each example's start in the flat stream
+            column = offset - offset[first_in_row][row_of]  # ... and in its row
+            within = np.arange(lengths.sum()) - np.repeat(offset, lengths)  # position in example
+            index = np.repeat(row_of * L + column, lengths) + within  # flat slot of each token
+            pieces = np.concatenate([ids[i] for i in examples])
+
+            def lay_out(stream, fill=0):  # one value per token, in stream order -> (R, L)
+                out = np.full(R * L, fill, np.int32)
+                out[index] = stream
+                return out.reshape(R, L)
+
+            for name, special, special_at in (
+                    [("src", EOS_ID, offset + lengths - 1)] if side == "src" else
+                    [("tgt_in", BOS_ID, offset), ("tgt_out", EOS_ID, offset + lengths - 1)]):
+                stream = np.full(len(within), special, np.int32)
+                is_piece = np.ones(len(within), bool)
+                is_piece[special_at] = False
+                stream[is_piece] = pieces
+                batch[name] = lay_out(stream, PAD_ID)
+            batch[f"{side}_segments"] = lay_out(np.repeat(segment, lengths))
+            batch[f"{side}_positions"] = lay_out(within)
+        return {key: batch[key] for key in BATCH_KEYS}
 
     def epoch(self, epoch: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """One pass over the split (e.g. for evaluation)."""
-        for bucket_index, examples in self.epoch_plan(epoch):
-            yield self.make_batch(bucket_index, examples)
+        for shape, rows in self.epoch_plan(epoch):
+            yield self.make_batch(shape, rows)
 
     def iterator(self, state: dict | None = None) -> "BatchIterator":
         """An endless iterator over epochs 0, 1, 2, ..., or from a saved `state`."""
@@ -204,45 +285,55 @@ class BucketedBatches:
         return iterator
 
 
-class BatchIterator:
-    """Endless, resumable iteration over the epochs of a `BucketedBatches`.
+def fitting_row_shape(src_needed: np.ndarray, tgt_needed: np.ndarray,
+                      max_len: int) -> tuple[int, int]:
+    """train.py's one row shape (S, T) for sentences needing these positions: each
+    side's length is the shortest bucket up to `max_len` that holds its longest
+    sentence and about ROW_SENTENCES average ones (long rows pack tightly)."""
+    return tuple(padded_length(min(max(needed.max(), ROW_SENTENCES * needed.mean()), max_len),
+                               bucket_lengths(max_len)) for needed in (src_needed, tgt_needed))
 
-    get_state() -> {"epoch": e, "index": i, "num_batches": n, "fingerprint": f}:
-    JSON-able; `index` is the next batch within epoch e; `num_batches` (per
-    epoch) and the data's `fingerprint` let set_state refuse a state saved for
-    different data or batch settings.
+
+class BatchIterator:
+    """Endless, resumable iteration over the epochs of a `PackedBatches`.
+
+    get_state() -> {"epoch": e, "index": i, "shapes": [...], "fingerprint": f}:
+    JSON-able; `index` is the next batch within epoch e; the batch `shapes` and
+    the data's `fingerprint` let set_state refuse a state saved for different
+    data or batch settings.
     """
 
-    def __init__(self, batches: BucketedBatches):
+    def __init__(self, batches: PackedBatches):
         self.batches = batches
         self.epoch, self.index = 0, 0
-        self._plan_epoch, self._plan = None, []
 
     def __iter__(self) -> "BatchIterator":
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self._plan_epoch != self.epoch:
-            self._plan_epoch, self._plan = self.epoch, self.batches.epoch_plan(self.epoch)
-        batch = self.batches.make_batch(*self._plan[self.index])
+        plan = self.batches.epoch_plan(self.epoch)
+        batch = self.batches.make_batch(*plan[self.index])
         self.index += 1
-        if self.index == self.batches.num_batches:
+        if self.index == len(plan):
             self.epoch, self.index = self.epoch + 1, 0
         return batch
 
-    def get_state(self) -> dict[str, int]:
+    def get_state(self) -> dict:
         return {"epoch": self.epoch, "index": self.index,
-                "num_batches": self.batches.num_batches, "fingerprint": self.batches.fingerprint}
+                "shapes": [list(shape) for shape in self.batches.shapes()],
+                "fingerprint": self.batches.fingerprint}
 
     def set_state(self, state: dict) -> None:
-        saved = state.get("fingerprint", self.batches.fingerprint)  # older checkpoints have none
-        if saved != self.batches.fingerprint:
+        if state.get("fingerprint") != self.batches.fingerprint:
             raise CorpusError(f"iterator state {state} was saved for other data (fingerprint "
-                              f"{saved}; these data give {self.batches.fingerprint})")
-        if state.get("num_batches") != self.batches.num_batches:
-            raise CorpusError(f"iterator state {state} was saved for {state.get('num_batches')} "
-                             f"batches per epoch, these data give {self.batches.num_batches}; "
-                             "resume with the same corpus, max_tokens, buckets and max_len")
-        if not 0 <= state["index"] < self.batches.num_batches or state["epoch"] < 0:
+                              f"{state.get('fingerprint')}; these data give "
+                              f"{self.batches.fingerprint})")
+        shapes = [list(shape) for shape in self.batches.shapes()]
+        if state.get("shapes") != shapes:
+            raise CorpusError(f"iterator state {state} was saved for batch shapes "
+                              f"{state.get('shapes')}, these settings give {shapes}; resume "
+                              "with the same corpus, max_tokens, row lengths and max_len")
+        if state["epoch"] < 0 or not 0 <= state["index"] < len(
+                self.batches.epoch_plan(int(state["epoch"]))):
             raise CorpusError(f"iterator state {state} is out of range")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])

@@ -8,10 +8,10 @@ from typing import Sequence
 import numpy as np
 import sacrebleu
 
-from jax_transformer.data.batching import BucketedBatches
+from jax_transformer.data.batching import PackedBatches
 
 
-def heldout_loss(trainer, state, batches: BucketedBatches) -> dict:
+def heldout_loss(trainer, state, batches: PackedBatches) -> dict:
     """Label-smoothed loss per target token over one pass, and its perplexity."""
     loss_sum, tokens = 0.0, 0
     for batch in batches.epoch(0):

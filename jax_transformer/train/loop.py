@@ -25,7 +25,8 @@ from jax_transformer import cli, translate
 from jax_transformer.cli import RunFailed
 from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.batching import (BucketedBatches, bucket_lengths, encode_pairs,
+from jax_transformer.data.batching import (PackedBatches, encode_pairs, fitting_row_shape,
+                                           positions_needed,
                                            train_tokenizer)
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, interrupts, plots
@@ -147,23 +148,33 @@ def load_tokenizer(workdir: Path, pairs, data: DataSettings, seed: int,
 
 
 def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
-                 seed: int) -> dict[str, BucketedBatches]:
-    batches = {}
+                 seed: int) -> dict[str, PackedBatches]:
+    """Every split packed into rows of one shape, which holds the longest sentences of
+    every split: one batch shape for training and evaluation."""
+    encoded = {}
     for split, pairs in splits.items():
         src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=data.max_len)
         if report.skipped:
             log(f"{split}: {report}")
-        batches[split] = BucketedBatches(src_ids, tgt_ids, data.max_tokens,
-                                         batch_multiple=jax.device_count(),
-                                         buckets=bucket_lengths(data.max_len),
-                                         shuffle=split == "train", seed=seed)
-    log("train batch shapes (rows, source length, target length): "
-        + ", ".join(map(str, batches["train"].shapes())))
+        encoded[split] = src_ids, tgt_ids
+    row_shape = fitting_row_shape(*(np.concatenate([positions_needed(sides[i])
+                                                    for sides in encoded.values()])
+                                    for i in (0, 1)), data.max_len)
+    batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
+                                    batch_multiple=jax.device_count(),
+                                    shuffle=split == "train", seed=seed)
+               for split, (src_ids, tgt_ids) in encoded.items()}
+    fill = batches["train"].fill()
+    log(f"train batches: shapes (rows, source length, target length) "
+        f"{', '.join(map(str, batches['train'].shapes()))}; {fill['batches']} per epoch; "
+        f"{fill['real_fraction']:.1%} of token slots hold real tokens; "
+        f"{fill['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
+        f"({fill['tgt_tokens_per_batch'] / data.max_tokens:.0%} of --max-tokens)")
     return batches
 
 
 def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
-          data: dict[str, BucketedBatches], settings: TrainSettings, data_settings: DataSettings,
+          data: dict[str, PackedBatches], settings: TrainSettings, data_settings: DataSettings,
           resuming: bool):
     """The loop: steps up to `settings.steps`, metrics, evaluations, checkpoints.
     Returns the final state, saved. SIGINT/SIGTERM: the step finishes and is saved

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.masks import segment_masks
 from jax_transformer.model import Transformer
 
 
@@ -39,6 +40,18 @@ def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float =
                  - smoothing * jnp.mean(logits, axis=-1))  # (B, T)
     weights = labels != pad_id
     return jnp.sum(per_token * weights), jnp.sum(weights)
+
+
+def model_inputs(batch) -> dict:
+    """The model's arguments for a batch: {"src", "tgt_in"} ids, and for a packed batch
+    (jax_transformer.data.batching) the masks of its segment ids and its positions."""
+    inputs = {"src_ids": batch["src"], "tgt_ids": batch["tgt_in"]}
+    if "src_segments" in batch:
+        src_mask, tgt_mask, memory_mask = segment_masks(batch["src_segments"],
+                                                        batch["tgt_segments"])
+        inputs.update(src_mask=src_mask, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                      src_positions=batch["src_positions"], tgt_positions=batch["tgt_positions"])
+    return inputs
 
 
 def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
@@ -85,8 +98,9 @@ class Trainer:
     """Owns the model's graph definition, the optimizer and the compiled steps.
 
     `train_step(state, batch)` and `eval_step(state, batch)` take batches of
-    {"src", "tgt_in", "tgt_out"} int32 arrays (B, L). jit compiles once per
-    batch shape; the data pipeline uses a small fixed set of shapes.
+    {"src", "tgt_in", "tgt_out"} int32 arrays (B, L), packed ones with segment ids
+    and positions too. jit compiles once per batch shape; the data pipeline uses a
+    small fixed set of shapes.
     """
 
     def __init__(self, model: Transformer, optimizer: optax.GradientTransformation,
@@ -127,7 +141,7 @@ class Trainer:
     # ------------------------------------------------------------------ steps
 
     def _loss_sum(self, model: Transformer, batch, deterministic: bool):
-        logits = nnx.view(model, deterministic=deterministic)(batch["src"], batch["tgt_in"])
+        logits = nnx.view(model, deterministic=deterministic)(**model_inputs(batch))
         return label_smoothed_cross_entropy(logits, batch["tgt_out"], self.pad_id,
                                             self.label_smoothing)  # (loss_sum, num_tokens)
 

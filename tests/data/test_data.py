@@ -1,4 +1,4 @@
-"""Corpora, bad-data policy, tokenizer round trip, bucketing and exact resume."""
+"""Corpora, bad-data policy, tokenizer round trip, packing and exact resume."""
 
 import collections
 import json
@@ -8,8 +8,8 @@ import pytest
 from num2words import num2words
 
 from jax_transformer.data import batching
-from jax_transformer.data.batching import (DEFAULT_BUCKETS, TOO_MANY_TOKENS, BucketedBatches,
-                                      encode_pairs, train_tokenizer)
+from jax_transformer.data.batching import (TOO_MANY_TOKENS, PackedBatches, encode_pairs,
+                                           train_tokenizer)
 from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
                                      cardinal_words, holdout_split, number_corpus,
                                      read_columns, read_parallel_text, sample_numbers)
@@ -153,10 +153,10 @@ def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer, monkeyp
     assert src_ids[0].dtype == tgt_ids[0].dtype == np.int32
 
 
-# --- Bucketing -----------------------------------------------------------------------------
+# --- Packing ------------------------------------------------------------------------------
 
 def synthetic_examples(n=500, seed=0):
-    """Example i: source starts with piece 4 + i (so a row names its example)."""
+    """Example i: source starts with piece 4 + i (so a segment names its example)."""
     rng = np.random.default_rng(seed)
     src = [np.concatenate([[4 + i], rng.integers(4, 50, rng.integers(0, 40))]).astype(np.int32)
            for i in range(n)]
@@ -164,66 +164,103 @@ def synthetic_examples(n=500, seed=0):
     return src, tgt
 
 
-def test_buckets_shapes_budget_and_every_pair_once():
+def unpack(batch):
+    """The (example index, source, target input, labels) of every pair in a packed batch,
+    checking segment ids and positions on the way."""
+    pairs = []
+    for row in range(batch["src"].shape[0]):
+        sides = {}
+        for side, keys in (("src", ("src",)), ("tgt", ("tgt_in", "tgt_out"))):
+            segments = batch[f"{side}_segments"][row]
+            real = segments > 0
+            count = segments.max()
+            # Segments 1..count in order, then padding only.
+            assert np.array_equal(segments[real], np.repeat(np.arange(1, count + 1),
+                                                            np.bincount(segments)[1:]))
+            assert not real[real.argmin():].any() or real.all()
+            for key in keys:
+                assert (batch[key][row][~real] == PAD_ID).all()
+            assert (batch[f"{side}_positions"][row][~real] == 0).all()
+            sides[side] = [{key: batch[key][row][segments == k] for key in keys}
+                           | {"positions": batch[f"{side}_positions"][row][segments == k]}
+                           for k in range(1, count + 1)]
+        assert len(sides["src"]) == len(sides["tgt"])
+        for s, t in zip(sides["src"], sides["tgt"]):
+            for piece in (s, t):
+                n = len(piece["positions"])
+                assert np.array_equal(piece["positions"], np.arange(n))
+            pairs.append((s["src"][0] - 4, s["src"], t["tgt_in"], t["tgt_out"]))
+    return pairs
+
+
+@pytest.mark.parametrize("row_shapes", [[(64, 64)], [(32, 48), (64, 64)]])
+def test_packed_batches_shapes_budget_and_every_pair_once(row_shapes):
     src, tgt = synthetic_examples()
-    data = BucketedBatches(src, tgt, max_tokens=500, batch_multiple=4, seed=0)
+    data = PackedBatches(src, tgt, max_tokens=500, row_shapes=row_shapes, batch_multiple=2,
+                         seed=0)
     shapes = data.shapes()
-    assert len(set(shapes)) == len(shapes) > 1
-    assert all(b * max(S, T) <= 500 and b % 4 == 0 and b > 0 for b, S, T in shapes)
-    seen, pad_rows, batches = collections.Counter(), 0, list(data.epoch(3))
-    assert len(batches) == data.num_batches
+    assert len(shapes) == len(row_shapes)
+    assert all(R * max(S, T) <= 500 and R % 2 == 0 and R > 0 for R, S, T in shapes)
+    seen, slots, batches = collections.Counter(), 0, list(data.epoch(3))
     for batch in batches:
-        b, S = batch["src"].shape
+        R, S = batch["src"].shape
         T = batch["tgt_in"].shape[1]
-        assert (b, S, T) in shapes
-        for key in ("src", "tgt_in", "tgt_out"):
-            assert batch[key].shape == (b, S if key == "src" else T)
-            assert batch[key].dtype == np.int32
-        for row in range(b):
-            if batch["src"][row, 0] == PAD_ID:  # an all-pad filler row
-                pad_rows += 1
-                assert not batch["src"][row].any() and not batch["tgt_in"][row].any()
-                assert not batch["tgt_out"][row].any()
-                continue
-            i = batch["src"][row, 0] - 4
+        assert (R, S, T) in shapes
+        slots += R * T
+        for key, value in batch.items():
+            assert value.shape == (R, S if key.startswith("src") else T)
+            assert value.dtype == np.int32
+        for i, s, t_in, t_out in unpack(batch):
             seen[i] += 1
-            s, t = src[i], tgt[i]
-            np.testing.assert_array_equal(batch["src"][row], np.pad(np.r_[s, EOS_ID],
-                                                                    (0, S - len(s) - 1)))
-            np.testing.assert_array_equal(batch["tgt_in"][row], np.pad(np.r_[BOS_ID, t],
-                                                                       (0, T - len(t) - 1)))
-            np.testing.assert_array_equal(batch["tgt_out"][row], np.pad(np.r_[t, EOS_ID],
-                                                                        (0, T - len(t) - 1)))
-            # Each side's smallest bucket that fits: the next smaller one would not.
-            for length, needed in ((S, len(s) + 1), (T, len(t) + 1)):
-                smaller = max([0] + [L for L in DEFAULT_BUCKETS if L < length])
-                assert smaller < needed <= length
+            np.testing.assert_array_equal(s, np.r_[src[i], EOS_ID])
+            np.testing.assert_array_equal(t_in, np.r_[BOS_ID, tgt[i]])
+            np.testing.assert_array_equal(t_out, np.r_[tgt[i], EOS_ID])
     assert seen == {i: 1 for i in range(len(src))}
-    total_rows = sum(bucket.num_batches * bucket.batch_size for bucket in data.buckets)
-    assert pad_rows == total_rows - len(src) > 0
+    fill = data.fill(3)
+    assert fill["batches"] == len(batches)
+    assert fill["tgt_real_fraction"] == pytest.approx(sum(len(t) + 1 for t in tgt) / slots)
+
+
+def test_packing_is_tight():
+    """Best-fit decreasing leaves little room: on these uniform lengths (1-60 target
+    positions) in rows of 128, over 95% of the target slots hold tokens; laying
+    one pair per row would fill under 30%."""
+    src, tgt = synthetic_examples(2000)
+    data = PackedBatches(src, tgt, max_tokens=4096, row_shapes=[(128, 128)], seed=0)
+    fill = data.fill()
+    assert fill["tgt_real_fraction"] > 0.95 and fill["src_real_fraction"] > 0.6
+
+
+def test_fitting_row_shape():
+    src_needed, tgt_needed = np.array([3, 5, 9, 30]), np.array([2, 2, 3, 40])
+    # Each side holds its longest sentence and ROW_SENTENCES average ones, in buckets.
+    assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
+    assert batching.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
+    assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
 
 
 def test_jit_compiles_once_per_announced_shape():
     import jax
     src, tgt = synthetic_examples(300)
-    data = BucketedBatches(src, tgt, max_tokens=512, batch_multiple=2)
+    data = PackedBatches(src, tgt, max_tokens=512, row_shapes=[(32, 48), (64, 64)],
+                         batch_multiple=2)
 
     @jax.jit
     def count_tokens(batch):
         return (batch["src"] != PAD_ID).sum() + (batch["tgt_out"] != PAD_ID).sum()
 
     iterator = data.iterator()
-    for _ in range(2 * data.num_batches):
+    for _ in range(2 * len(data.epoch_plan(0))):
         count_tokens(next(iterator))
     assert count_tokens._cache_size() == len(data.shapes())
 
 
-def test_bad_bucket_settings():
+def test_bad_packing_settings():
     src, tgt = synthetic_examples(20)
     with pytest.raises(ValueError, match="need max_tokens >= 64"):
-        BucketedBatches(src, tgt, max_tokens=63, batch_multiple=1, buckets=(64,))
-    with pytest.raises(ValueError, match="more than the largest bucket 16"):
-        BucketedBatches(src, tgt, max_tokens=1000, buckets=(8, 16))
+        PackedBatches(src, tgt, max_tokens=63, row_shapes=[(64, 64)])
+    with pytest.raises(ValueError, match="more than the longest target row 16"):
+        PackedBatches(src, tgt, max_tokens=1000, row_shapes=[(64, 16)])
 
 
 # --- Exact resume ---------------------------------------------------------------------------
@@ -238,8 +275,9 @@ def assert_same_batches(first, second):
 
 def test_resume_continues_exactly_across_an_epoch_boundary():
     src, tgt = synthetic_examples(200)
-    data = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, seed=5)
-    n = data.num_batches
+    data = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], batch_multiple=2,
+                         seed=5)
+    n = len(data.epoch_plan(0))
     uninterrupted = data.iterator()
     reference = [next(uninterrupted) for _ in range(3 * n)]
 
@@ -247,31 +285,32 @@ def test_resume_continues_exactly_across_an_epoch_boundary():
     for _ in range(n - 2):  # stop two batches before the end of epoch 0
         next(interrupted)
     state = json.loads(json.dumps(interrupted.get_state()))
-    assert state == {"epoch": 0, "index": n - 2, "num_batches": n,
+    assert state == {"epoch": 0, "index": n - 2, "shapes": [[4, 64, 64]],
                      "fingerprint": data.fingerprint}
-    resumed = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, seed=5).iterator(state)
-    assert_same_batches([next(resumed) for _ in range(n + 4)], reference[n - 2:2 * n + 2])
-    assert resumed.get_state() == {"epoch": 2, "index": 2, "num_batches": n,
-                                   "fingerprint": data.fingerprint}
+    resumed = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], batch_multiple=2,
+                            seed=5).iterator(state)
+    following = [next(resumed) for _ in range(2 + len(data.epoch_plan(1)) + 2)]
+    assert_same_batches(following, reference[n - 2:n + len(following) - 2])
+    assert resumed.get_state()["epoch"] == 2 and resumed.get_state()["index"] == 2
 
     # Epochs are shuffled differently; an unshuffled split repeats itself.
     assert_same_batches(reference[:n], list(data.epoch(0)))
     assert not all(np.array_equal(a["src"], b["src"]) for a, b in zip(reference, reference[n:]))
-    fixed = BucketedBatches(src, tgt, max_tokens=256, batch_multiple=2, shuffle=False)
+    fixed = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], shuffle=False)
     assert_same_batches(list(fixed.epoch(0)), list(fixed.epoch(1)))
 
 
 def test_resume_refuses_a_state_from_other_data():
     src, tgt = synthetic_examples(200)
-    data = BucketedBatches(src, tgt, max_tokens=256)
-    with pytest.raises(ValueError, match="batches per epoch"):
-        data.iterator({"epoch": 1, "index": 0, "num_batches": data.num_batches + 1})
+    data = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)])
+    state = data.iterator().get_state()
+    with pytest.raises(ValueError, match="saved for batch shapes"):
+        PackedBatches(src, tgt, max_tokens=512, row_shapes=[(64, 64)]).iterator(state)
     with pytest.raises(ValueError, match="out of range"):
-        data.iterator({"epoch": 0, "index": data.num_batches, "num_batches": data.num_batches})
-    # Same sizes, same batch count, one token changed: the fingerprint tells.
+        data.iterator({**state, "index": len(data.epoch_plan(0))})
+    # Same sizes, same shapes, one token changed: the fingerprint tells.
     changed = [ids.copy() for ids in src]
     changed[7][0] += 1
-    other = BucketedBatches(changed, tgt, max_tokens=256)
-    assert other.num_batches == data.num_batches
+    other = PackedBatches(changed, tgt, max_tokens=256, row_shapes=[(64, 64)])
     with pytest.raises(ValueError, match="saved for other data"):
-        other.iterator(data.iterator().get_state())
+        other.iterator(state)

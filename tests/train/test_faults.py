@@ -21,7 +21,7 @@ import pytest
 from jax_transformer.train import checkpoints, loop
 from jax_transformer.train.settings import DataSettings
 from jax_transformer.train.workdir import open_workdir
-from tests.train.runs import REPO_ROOT, TINY, dev_losses, losses, tiny_run
+from tests.train.runs import REPO_ROOT, TINY, dev_losses, losses, tiny_run, tiny_settings
 from transformer_core.tokenizer import Tokenizer
 
 STEPS = 60  # the runs interrupted at random moments stop short of this
@@ -62,6 +62,16 @@ class TrainProcess:
     @property
     def stderr(self) -> str:
         return "".join(self.lines)
+
+
+def batches_read(workdir: Path, step: int) -> int:
+    """How many training batches the data position saved with checkpoint `step` is past."""
+    position = data_position(workdir, step)
+    data, _, train_settings = tiny_settings(workdir)
+    splits = loop.load_corpus(data, train_settings.seed)
+    batches = loop.make_batches(splits, Tokenizer(workdir / "tokenizer.model"), data,
+                                train_settings.seed)["train"]
+    return sum(len(batches.epoch_plan(e)) for e in range(position["epoch"])) + position["index"]
 
 
 def data_position(workdir: Path, step: int) -> dict:
@@ -108,8 +118,7 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
             assert max(s for s, _ in losses(workdir)) == step  # its metrics are written...
             if step % 6 == 0:
                 assert dev_losses(workdir)[-1][0] == step  # ...its evaluation too
-            position = data_position(workdir, step)  # one batch per step, no more
-            assert position["epoch"] * position["num_batches"] + position["index"] == step
+            assert batches_read(workdir, step) == step  # one batch per step, no more
     return saved_steps
 
 

@@ -1,0 +1,152 @@
+"""Packed batches: both frameworks agree, and packing changes nothing a pair computes.
+
+Several pairs share a row (jax_transformer.data.batching); segment masks keep
+attention inside each pair and positions restart per pair. Tolerances as in
+test_model_parity: float32 logits <= 1e-5, attention weights <= 1e-6, float64
+logits <= 1e-12.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from jax_transformer.data.batching import PackedBatches
+from jax_transformer.train import step as jax_step
+from parity_tests.helpers import (CONFIGS, assert_close, build_pair, fast_tier, precision,
+                                  to_torch)
+from torch_reference import training as torch_training
+
+F32_LOGITS, F32_WEIGHTS, F64_LOGITS = 1e-5, 1e-6, 1e-12
+ROW_SHAPE = (24, 20)  # (S, T): several pairs per row
+
+
+def packed_batch(config, seed: int = 0) -> dict[str, np.ndarray]:
+    """One packed batch of random pairs, 2 to 4 per row, with padding at row ends."""
+    rng = np.random.default_rng(seed)
+    src = [rng.integers(4, config.src_vocab_size, rng.integers(1, 9)).astype(np.int32)
+           for _ in range(9)]
+    tgt = [rng.integers(4, config.tgt_vocab_size, rng.integers(1, 7)).astype(np.int32)
+           for _ in range(9)]
+    data = PackedBatches(src, tgt, max_tokens=4 * max(ROW_SHAPE), row_shapes=[ROW_SHAPE],
+                         shuffle=False)
+    (shape, rows), = data.epoch_plan(0)
+    assert all(len(row) >= 2 for row in rows)
+    return data.make_batch(shape, rows)
+
+
+def forward(model, batch, as_array):
+    inputs = (jax_step if as_array is jnp.asarray else torch_training).model_inputs(
+        {k: as_array(v) for k, v in batch.items()})
+    with torch.no_grad():
+        return model(**inputs, return_attention=True)
+
+
+def unpacked(batch, pad_id: int):
+    """The pairs of a packed batch one per row, right-padded: (src, tgt_in) and where
+    each came from, [(row, source positions, target positions)]."""
+    pairs, where = [], []
+    for row in range(batch["src"].shape[0]):
+        for segment in range(1, batch["src_segments"][row].max() + 1):
+            s = batch["src_segments"][row] == segment
+            t = batch["tgt_segments"][row] == segment
+            pairs.append((batch["src"][row][s], batch["tgt_in"][row][t]))
+            where.append((row, s, t))
+    src = np.full((len(pairs), batch["src"].shape[1]), pad_id, np.int32)
+    tgt = np.full((len(pairs), batch["tgt_in"].shape[1]), pad_id, np.int32)
+    for i, (s, t) in enumerate(pairs):
+        src[i, :len(s)], tgt[i, :len(t)] = s, t
+    return src, tgt, where
+
+
+@pytest.mark.parametrize("name", fast_tier(list(CONFIGS), fast={"pre_ln_final_norm", "unshared"}))
+def test_packed_forward_float32(name, direction):
+    config = CONFIGS[name]
+    batch = packed_batch(config)
+    with precision("float32") as dtypes:
+        flax_model, torch_model = build_pair(config, direction, dtypes)
+        logits_f, attention_f = forward(flax_model, batch, jnp.asarray)
+        logits_t, attention_t = forward(torch_model, batch, to_torch)
+    real = batch["tgt_segments"] > 0
+    assert_close(np.asarray(logits_f)[real], logits_t.cpu().numpy()[real], F32_LOGITS,
+                 "packed logits")
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        for i, (a, b) in enumerate(zip(attention_f[kind], attention_t[kind])):
+            assert_close(a, b, F32_WEIGHTS, f"packed {kind} attention weights, layer {i}")
+
+
+@pytest.mark.parametrize("name", fast_tier(["post_ln", "pre_ln_final_norm", "untied_bias",
+                                            "gelu", "silu_half_split", "odd_width",
+                                            "three_layers", "unshared"],
+                                           fast={"silu_half_split"}))
+def test_packed_forward_float64(name, direction):
+    config = CONFIGS[name]
+    batch = packed_batch(config)
+    with precision("float64") as dtypes:
+        flax_model, torch_model = build_pair(config, direction, dtypes)
+        logits_f, _ = forward(flax_model, batch, jnp.asarray)
+        logits_t, _ = forward(torch_model, batch, to_torch)
+        assert logits_f.dtype == jnp.float64
+    real = batch["tgt_segments"] > 0
+    assert_close(np.asarray(logits_f)[real], logits_t.cpu().numpy()[real], F64_LOGITS,
+                 "packed float64 logits")
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_no_attention_across_pairs(framework):
+    """Every pair of a packed row gives the logits it gives alone in a batch of its
+    own, and no attention weight crosses from one pair to another. Without the
+    segment masks (or with positions not restarting) this fails."""
+    config = CONFIGS["pre_ln_final_norm"]
+    batch = packed_batch(config)
+    src, tgt, where = unpacked(batch, config.pad_id)
+    with precision("float64") as dtypes:
+        flax_model, torch_model = build_pair(config, "flax_to_torch", dtypes)
+        model, as_array = ((flax_model, jnp.asarray) if framework == "jax"
+                           else (torch_model, to_torch))
+        packed, attention = forward(model, batch, as_array)
+        with torch.no_grad():
+            alone = model(as_array(src), as_array(tgt))
+    packed, alone = (np.asarray(x.cpu() if framework == "torch" else x) for x in (packed, alone))
+    for i, (row, _, t) in enumerate(where):
+        assert_close(packed[row][t], alone[i][:t.sum()], F64_LOGITS,
+                     f"{framework}: pair {i} (row {row}) packed vs alone")
+    segments = {"encoder_self": ("src", "src"), "decoder_self": ("tgt", "tgt"),
+                "cross": ("tgt", "src")}
+    for kind, (query_side, key_side) in segments.items():
+        q = batch[f"{query_side}_segments"][:, None, :, None]
+        k = batch[f"{key_side}_segments"][:, None, None, :]
+        crossing = (q != k) & (q > 0)  # (B, 1, Tq, Tk): a real query, a key of another pair
+        for layer in attention[kind]:
+            weights = np.asarray(layer.cpu() if framework == "torch" else layer)
+            assert np.all(np.where(crossing, weights, 0.0) == 0.0), f"{kind} crosses pairs"
+
+
+@pytest.mark.slow
+def test_packed_loss_and_gradients_match_across_frameworks():
+    """The training loss of a packed batch, and its gradient, agree on both sides."""
+    config = CONFIGS["untied_bias"].replace(dropout=0.0)
+    batch = packed_batch(config, seed=3)
+    with precision("float64") as dtypes:
+        flax_model, torch_model = build_pair(config, "flax_to_torch", dtypes)
+        trainer = jax_step.Trainer(flax_model, jax_step.make_optimizer(lambda _: 1e-3),
+                                   label_smoothing=0.1)
+        loss_f, tokens_f, grads_f, _ = trainer._gradients(trainer.initial_state,
+                                                          {k: jnp.asarray(v) for k, v in
+                                                           batch.items()})
+        torch_model.train()
+        logits = torch_model(**torch_training.model_inputs(
+            {k: to_torch(v, torch.int64) for k, v in batch.items()}))
+        loss_t, tokens_t = torch_training.label_smoothed_cross_entropy(
+            logits, to_torch(batch["tgt_out"], torch.int64), config.pad_id, 0.1)
+        loss_t.backward()
+    assert int(tokens_f) == int(tokens_t) == int((batch["tgt_segments"] > 0).sum())
+    assert_close(loss_f, loss_t.detach(), 1e-10, "packed loss sum")
+    grad_f = np.asarray(grads_f["output_projection"]["kernel"][...])
+    assert_close(grad_f.T, torch_model.output_projection.weight.grad, 1e-10,
+                 "output projection gradient")
+    grad_f = np.asarray(grads_f["encoder"]["layers"][0]["self_attn"]["W_q"]["kernel"][...])
+    assert_close(grad_f.T, torch_model.encoder.layers[0].self_attn.W_q.weight.grad, 1e-10,
+                 "first encoder layer's W_q gradient")
