@@ -2,6 +2,9 @@
 
 import hashlib
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.natural import natural_length_corpus
 from transformer_core.tokenizer import Tokenizer
 
+ROOT = Path(__file__).resolve().parents[2]
 SENTENCE = re.compile(r"[a-z]+( [a-z]+)*\.")
 
 
@@ -122,3 +126,28 @@ def test_bpe_8000_lengths_look_like_wmt(tmp_path):
     longest_target = longest_in_pieces(tokenizer, [t for _, t in pairs])
     # A thin tail, and every pair fits encode_pairs' max_len 256 with its eos.
     assert 180 <= longest_source <= longest_target <= 255  # 213, 233
+
+
+def test_command_line_writes_both_sides_without_jax(tmp_path):
+    """`python -m jax_transformer.data.natural` (via runpy, as -m does), JAX and torch blocked."""
+    script = ("import runpy, sys\n"
+              "sys.modules['jax'] = sys.modules['torch'] = None\n"
+              "sys.argv = ['natural'] + sys.argv[1:]\n"
+              "runpy.run_module('jax_transformer.data.natural', run_name='__main__')\n")
+    out_dir = tmp_path / "corpus"
+    result = subprocess.run([sys.executable, "-c", script, "--pairs", "300", "--seed", "5",
+                             "--out-dir", str(out_dir)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    pairs = natural_length_corpus(300, seed=5)
+    for side, name in enumerate(("train.src", "train.tgt")):
+        data = (out_dir / name).read_bytes()
+        assert data.decode("ascii") == "".join(pair[side] + "\n" for pair in pairs)
+        assert f"{out_dir / name}: words per sentence median" in result.stdout
+
+
+def test_command_line_bad_pairs_is_one_error_line(tmp_path, capsys):
+    assert natural.main(["--pairs", "0", "--out-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: natural_length_corpus needs at least one pair, got 0")
+    assert not list(tmp_path.iterdir())
