@@ -2,4 +2,5 @@
 
     corpora.py   the built-in number-words corpus; parallel text and TSV/CSV files
     batching.py  the shared SentencePiece vocabulary, length buckets, resumable batches
+    natural.py   a synthetic parallel corpus with WMT-like sentence lengths (tests, benchmarks)
 """
