@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--distributed", action="store_true", help="several hosts: call "
                    "jax.distributed.initialize() (coordinator from the environment)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--compile-cache", default=TRAIN.compile_cache, metavar="DIR",
+                   help="JAX's persistent compilation cache: a repeated or resumed run loads "
+                        "its compiled programs from here (default: %(default)s)")
+    g.add_argument("--no-compile-cache", dest="compile_cache", action="store_const", const=None,
+                   help="compile everything afresh and keep nothing")
     return p
 
 

@@ -46,6 +46,7 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # pairs per SentencePiece call in encode_pairs
+ROWS_CHECKED = 8  # pack_rows: open rows tried per target room before looking further
 ROW_SENTENCES = 4  # average sentences a row of fitting_row_shape holds, at least
 BATCH_KEYS = ("src", "src_segments", "src_positions",
               "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
@@ -129,8 +130,9 @@ def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
         row = None
         for room in rooms[bisect.bisect_left(rooms, t):]:
             candidates = by_tgt_room[room]
-            for k in range(len(candidates) - 1, max(len(candidates) - 9, -1), -1):
-                if src_room[candidates[k]] >= s:  # few rows checked per room: fast enough
+            # The newest ROWS_CHECKED rows with this target room: bounded work per pair.
+            for k in range(len(candidates) - 1, max(len(candidates) - ROWS_CHECKED, 0) - 1, -1):
+                if src_room[candidates[k]] >= s:
                     row = candidates.pop(k)
                     break
             if row is not None:

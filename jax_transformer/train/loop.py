@@ -29,7 +29,7 @@ from jax_transformer.data.batching import (PackedBatches, encode_pairs, fitting_
                                            positions_needed,
                                            train_tokenizer)
 from jax_transformer.model import Transformer
-from jax_transformer.train import evaluation, interrupts, plots
+from jax_transformer.train import compiling, evaluation, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.settings import (DataSettings, ModelSettings, TrainError, TrainSettings,
                                             recorded)
@@ -80,6 +80,8 @@ def run(data_settings: DataSettings, model_settings: ModelSettings,
     contents plus "train_seconds"."""
     if settings.distributed:
         jax.distributed.initialize()
+    compiling.use_compilation_cache(settings.compile_cache)
+    compiling.CompileCounter.start()
     primary = jax.process_index() == 0  # writes the run's files and holds the workdir lock
     workdir, lock = open_workdir(settings.workdir) if primary else (Path(settings.workdir), None)
     try:
@@ -120,12 +122,13 @@ def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
         f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
 
     started = time.time()
-    state = train(trainer, schedule, checkpointer, data, settings, data_settings, resuming)
+    state, report = train(trainer, schedule, checkpointer, data, settings, data_settings,
+                          resuming)
     train_seconds = time.time() - started
     with cli.signal_handlers(cli.exit_at_once(
             f"stopped during the final export and evaluation; training is saved at step "
             f"{int(state.step)}; run the same command to finish them")):
-        summary = finish(settings, workdir, trainer, state, tokenizer, splits, data)
+        summary = finish(settings, workdir, trainer, state, tokenizer, splits, data, report)
     summary["train_seconds"] = round(train_seconds, 1)
     checkpointer.close()
     return summary
@@ -177,15 +180,28 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
           data: dict[str, PackedBatches], settings: TrainSettings, data_settings: DataSettings,
           resuming: bool):
     """The loop: steps up to `settings.steps`, metrics, evaluations, checkpoints.
-    Returns the final state, saved. SIGINT/SIGTERM: the step finishes and is saved
+    Returns the final state, saved, and the run's report (batches, compiling,
+    speed). SIGINT/SIGTERM: the step finishes and is saved
     (jax_transformer.train.interrupts), then cli.Interrupted says so."""
+    compiled_before = compiling.CompileCounter.snapshot()
     state = trainer.initial_state
     batches = data["train"].iterator()
     if resuming:
         state, data_state = checkpointer.restore_newest_intact(state, warn=log)
         set_data_position(batches, data_state, data_settings, int(state.step))
         log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
+    programs = trainer.programs(state, data["train"].shapes(), settings.accumulate)
+    with cli.signal_handlers(cli.exit_at_once(
+            f"stopped while compiling, before step {int(state.step) + 1}; saved checkpoints "
+            "are intact; run the same command to resume")):
+        log(f"compiling {len(programs)} programs ahead of time ("
+            + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
+        ahead_seconds = compiling.compile_ahead(programs, log)
+    compiled = compiling.CompileCounter.since(compiled_before)
+    log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
+        f"{compiled['cache_hits']} loaded from the cache")
     start_step = int(state.step)
+    real_tokens = 0
     metrics_log = MetricsLog(Path(settings.workdir) / METRICS_FILE, start_step,
                              enabled=jax.process_index() == 0)
     started = time.time()
@@ -211,6 +227,7 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
                 raise TrainingDiverged(f"loss {loss} / gradient norm {grad_norm} at step "
                                        f"{step}: stopping; {where}")
             tokens = int(metrics["tokens"])
+            real_tokens += tokens
             lr = float(schedule(step - 1))
             tokens_per_s = tokens / max(time.time() - step_started, 1e-9)
             metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
@@ -235,7 +252,17 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
         raise cli.Interrupted(f"{signal.Signals(stops.signum).name}: saved step "
                               f"{int(state.step)} in {checkpointer.manager.directory}; run the "
                               "same command to resume", stops.signum)
-    return state
+    fill = data["train"].fill()
+    report = {"batch_shapes": data["train"].shapes(),
+              "real_token_fraction": round(fill["real_fraction"], 4),
+              "tgt_tokens_per_batch": round(fill["tgt_tokens_per_batch"], 1),
+              "compile_ahead_seconds": round(ahead_seconds, 2),
+              "compiled": compiling.CompileCounter.since(compiled_before),
+              "steps": int(state.step) - start_step,
+              "tgt_tokens_per_s": round(real_tokens / max(time.time() - started, 1e-9), 1)}
+    log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
+        f"tokens/s; compiling: {report['compiled']}")
+    return state, report
 
 
 def set_data_position(batches, data_state: dict, data_settings: DataSettings,
@@ -251,8 +278,9 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
 
 
 def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
-           tokenizer: Tokenizer, splits, data) -> dict:
-    """Export the model, evaluate on the held-out sets, write eval.json and the figures."""
+           tokenizer: Tokenizer, splits, data, report: dict) -> dict:
+    """Export the model, evaluate on the held-out sets, write eval.json (with this
+    process's training `report`) and the figures."""
     model = trainer.model(state)
     config = model.config
     if jax.process_index() == 0:
@@ -260,7 +288,7 @@ def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
         log(f"exported {workdir / 'export'} (config.json, model.safetensors, tokenizer.model)")
 
     results = {"step": int(state.step), "decoding": f"beam {settings.beam}" if settings.beam > 1
-               else "greedy"}
+               else "greedy", "training": report}
     for split in ("dev", "test"):
         results[split] = evaluation.heldout_loss(trainer, state, data[split])
     sources = [s for s, _ in splits["test"]]

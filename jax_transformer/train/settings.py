@@ -8,6 +8,8 @@ records them flat under those names, so a resumed run can be checked flag by fla
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
@@ -97,6 +99,14 @@ class ModelSettings:
             final_norm=self.pre_norm)
 
 
+def default_compile_cache() -> str:
+    """$JAX_COMPILATION_CACHE_DIR if set, else the user cache directory's
+    jax_transformer/xla: compiled programs are shared by every run of this user."""
+    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(Path(cache_home, "jax_transformer",
+                                                                   "xla"))
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """Optimisation, checkpoints, evaluation and output."""
@@ -117,6 +127,7 @@ class TrainSettings:
     samples: int = 5
     distributed: bool = False
     quiet: bool = False
+    compile_cache: str | None = dataclasses.field(default_factory=default_compile_cache)
 
     def __post_init__(self):
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
@@ -129,7 +140,8 @@ class TrainSettings:
 # Settings that only steer how long / how visibly a run goes; the others must
 # match when a work directory is resumed.
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
-                               "beam", "decode_batch_size", "samples", "distributed", "quiet"})
+                               "beam", "decode_batch_size", "samples", "distributed", "quiet",
+                               "compile_cache"})
 
 
 def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer.data.batching import BATCH_KEYS
 from jax_transformer.masks import segment_masks
 from jax_transformer.model import Transformer
 
@@ -187,8 +188,37 @@ class Trainer:
 
     def accumulate(self, state: TrainState, batches) -> tuple[TrainState, dict]:
         """One optimizer update from several micro-batches (each may have its own shape)."""
-        accumulated = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
-                       jnp.zeros((), jnp.int32))
+        accumulated = self.empty_accumulator(state)
         for batch in batches:
             state, accumulated = self.grad_step(state, accumulated, batch)
         return self.apply_step(state, accumulated)
+
+    @staticmethod
+    def empty_accumulator(state: TrainState):
+        """(gradient sums, loss sum, token count), all zero."""
+        return (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros((), jnp.float32),
+                jnp.zeros((), jnp.int32))
+
+    def batch_spec(self, shape: tuple[int, int, int]) -> dict[str, jax.ShapeDtypeStruct]:
+        """The abstract sharded batch of a (rows, source length, target length) shape."""
+        rows, src_length, tgt_length = shape
+        return {key: jax.ShapeDtypeStruct((rows, src_length if key.startswith("src")
+                                           else tgt_length), jnp.int32,
+                                          sharding=self.batch_sharding)
+                for key in BATCH_KEYS}
+
+    def programs(self, state: TrainState, shapes, accumulate: int = 1):
+        """[(name, jitted step, args)]: every step a run on batches of `shapes` calls,
+        for compiling ahead (jax_transformer.train.compiling)."""
+        jobs = []
+        for shape in shapes:
+            batch, name = self.batch_spec(shape), "x".join(map(str, shape))
+            if accumulate == 1:
+                jobs.append((f"train step {name}", self.train_step, (state, batch)))
+            else:
+                jobs.append((f"gradient step {name}", self.grad_step,
+                             (state, self.empty_accumulator(state), batch)))
+            jobs.append((f"eval step {name}", self.eval_step, (state, batch)))
+        if accumulate > 1:
+            jobs.append(("update step", self.apply_step, (state, self.empty_accumulator(state))))
+        return jobs
