@@ -289,11 +289,19 @@ class PackedBatches:
 
 def fitting_row_shape(src_needed: np.ndarray, tgt_needed: np.ndarray,
                       max_len: int) -> tuple[int, int]:
-    """train.py's one row shape (S, T) for sentences needing these positions: each
-    side's length is the shortest bucket up to `max_len` that holds its longest
-    sentence and about ROW_SENTENCES average ones (long rows pack tightly)."""
-    return tuple(padded_length(min(max(needed.max(), ROW_SENTENCES * needed.mean()), max_len),
-                               bucket_lengths(max_len)) for needed in (src_needed, tgt_needed))
+    """train.py's one row shape (S, T) for sentences needing these positions. The side
+    with more tokens in all gets the shortest bucket up to `max_len` that holds its
+    longest sentence and ROW_SENTENCES average ones (long rows pack tightly); the other
+    side a length in proportion to its tokens, and at least its longest sentence, so
+    both sides fill alike."""
+    def fit(length: float) -> int:
+        return padded_length(min(length, max_len), bucket_lengths(max_len))
+
+    swapped = src_needed.sum() < tgt_needed.sum()
+    longer, shorter = (tgt_needed, src_needed) if swapped else (src_needed, tgt_needed)
+    long_length = fit(max(longer.max(), ROW_SENTENCES * longer.mean()))
+    short_length = fit(max(shorter.max(), long_length * shorter.sum() / longer.sum()))
+    return (short_length, long_length) if swapped else (long_length, short_length)
 
 
 class BatchIterator:

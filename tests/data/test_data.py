@@ -233,8 +233,10 @@ def test_packing_is_tight():
 
 def test_fitting_row_shape():
     src_needed, tgt_needed = np.array([3, 5, 9, 30]), np.array([2, 2, 3, 40])
-    # Each side holds its longest sentence and ROW_SENTENCES average ones, in buckets.
+    # The side with more tokens holds its longest sentence and ROW_SENTENCES average
+    # ones; the other side its longest and a length in proportion to its tokens.
     assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
+    assert batching.fitting_row_shape(np.full(9, 10), np.full(9, 20), 256) == (48, 96)
     assert batching.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
     assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
 
