@@ -35,8 +35,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transformer_core.tokenizer import PAD_ID  # noqa: E402
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
@@ -156,9 +154,11 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import jax
 
+    from flax import nnx
+
     from jax_transformer.model import Transformer
     from jax_transformer.pretrained import to_torch_state_dict
-    from flax import nnx
+    from jax_transformer.train.settings import ModelSettings
 
     with tempfile.TemporaryDirectory() as workdir:
         tokenizer, data = make_data(args, Path(workdir))
@@ -168,7 +168,6 @@ def main(argv=None) -> dict:
     print(f"batch shapes {train.shapes()}; {fill['real_fraction']:.1%} of token slots real; "
           f"{fill['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
           f"({fill['tgt_tokens_per_batch'] / args.max_tokens:.0%} of --max-tokens)")
-    from jax_transformer.train.settings import ModelSettings
     config = ModelSettings(d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
                            layers=args.layers, dropout=args.dropout).config(
         tokenizer.vocab_size, args.max_len)
