@@ -6,7 +6,6 @@
     project_qkv, project_kv W_q(query), W_k(key_value), W_v(key_value)  attention.py
     Dropout, activation_dropout   dropout(activation(h))               dropout.py
     feed_forward            W_2(dropout(activation(W_1(x))))           feed_forward.py
-    (dropout's random bits: threefry unrolled on CPU)                    prng.py
 
 model.py imports them from their modules. The plain version is the maths as
 written, differentiated by autodiff; the tuned one computes the same values and
@@ -17,9 +16,7 @@ kernels with the environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The c
 names and shapes, so the choice never changes a checkpoint.
 """
 
-from jax_transformer.kernels import prng
 from jax_transformer.kernels.switch import KERNELS_BY_BACKEND, chosen, override
 
-prng.unroll_threefry_on_cpu()
 
 __all__ = ["KERNELS_BY_BACKEND", "chosen", "override"]

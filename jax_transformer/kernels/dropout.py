@@ -14,11 +14,11 @@ call), for layers that apply it themselves.
 same gradient as autodiff gives, computed from the output alone:
     y = keep ? relu(h) / (1 - rate) : 0
     dh = dy / (1 - rate) where y > 0 (that is, where keep and h > 0), else 0.
-Autodiff's backward instead needs the mask again and h. In a jit-compiled
-training step XLA does not keep the mask: it recomputes it (the threefry hash
-of every element) in the backward pass, about as costly as drawing it. y is kept
-anyway (the next matmul's weight gradient reads it), so this backward reads
-nothing extra.
+Autodiff's backward instead needs the mask again and h. Where XLA lowers
+threefry unrolled (GPU, TPU) it may recompute the mask (the hash of every
+element) in the backward pass rather than keep it; on CPU it keeps it. y is
+kept anyway (the next matmul's weight gradient reads it), so this backward
+reads nothing extra.
 """
 
 from __future__ import annotations
