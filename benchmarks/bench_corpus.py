@@ -85,7 +85,7 @@ def throughput(step_seconds: list[float], step_tokens: list[int], started_to_fir
             "median_step_seconds": statistics.median(step_seconds[half:])}
 
 
-def run_jax(args, config, batches, state_dict) -> dict:
+def run_jax(args, config, batches, state_dict, shapes) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -104,7 +104,7 @@ def run_jax(args, config, batches, state_dict) -> dict:
     trainer = training.Trainer(model, training.make_optimizer(
         training.paper_schedule(config.d_model, 4000)))
     state = trainer.initial_state
-    compiling.compile_ahead(trainer.programs(state, batches.shapes()), print)
+    compiling.compile_ahead(trainer.programs(state, shapes), print)
     compiled = compiling.CompileCounter.since(before)
     to_first = time.perf_counter() - started
     seconds, tokens, losses = [], [], []
@@ -174,7 +174,8 @@ def main(argv=None) -> dict:
     state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
     rows = []
     for framework in args.frameworks:
-        row = (run_jax if framework == "jax" else run_torch)(args, config, batches, state_dict)
+        row = (run_jax(args, config, batches, state_dict, train.shapes()) if framework == "jax"
+               else run_torch(args, config, batches, state_dict))
         print(f"{row['framework']}: {row['first_steps_tgt_tokens_per_s']:,.0f} real target "
               f"tokens/s over the first {args.steps} steps, {row['steady_tgt_tokens_per_s']:,.0f} "
               f"in steady state" + (f"; compiled {row['compiled']}" if "compiled" in row else ""))

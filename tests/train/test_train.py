@@ -101,8 +101,9 @@ def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     killed_at = max(s for s, _ in losses(tmp_path))
-    latest = checkpoints.Checkpointer(tmp_path).latest_step()
-    assert latest is not None and killed_at - 2 * 2 <= latest <= killed_at < 12
+    # Saves are asynchronous: the newest may still be in flight (no checkpoint = step 0).
+    latest = checkpoints.Checkpointer(tmp_path).latest_step() or 0
+    assert killed_at - 2 * 2 <= latest <= killed_at < 12
     tiny_run(tmp_path, "--steps", "12", "--checkpoint-every", "2")
     assert losses(tmp_path) == losses(reference)
 
