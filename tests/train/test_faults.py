@@ -98,11 +98,15 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
     saved_steps = []
     for trial in range(TRIALS):
         process = TrainProcess(workdir, "--steps", str(STEPS), "--checkpoint-every", "1")
-        if rng.random() < 0.2:  # start-up: imports, corpus, tokenizer
+        moment = rng.random()
+        if moment < 0.2:  # start-up: imports, corpus, tokenizer
             time.sleep(rng.uniform(0.2, 2.5))
-        else:  # restoring, compiling, stepping, evaluating, saving
+        elif moment < 0.35:  # restoring, compiling ahead
             process.wait_for("model:")
-            time.sleep(rng.uniform(0, 5))
+            time.sleep(rng.uniform(0, 1))
+        else:  # stepping, evaluating, saving
+            process.wait_for("compiled in")
+            time.sleep(rng.uniform(0, 3))
         process.send(signum)
         if rng.random() < 0.3:
             time.sleep(rng.uniform(0, 0.3))
@@ -125,7 +129,7 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
 @pytest.mark.slow
 def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp_path):
     """SIGTERM and SIGINT, TRIALS seeded random moments each (the two series run side
-    by side): start-up, compiling, stepping, evaluating, saving (a checkpoint every
+    by side): start-up, compiling ahead, stepping, evaluating, saving (a checkpoint every
     step), and sometimes a second signal that abandons the step. Every stop exits
     128 + the signal number with one line, no traceback; a saved step has its data
     position and its metrics lines; each run then resumes and ends with the
