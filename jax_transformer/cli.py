@@ -57,27 +57,37 @@ def exit_at_once(message: str = "stopped") -> Callable[[int, object], None]:
     return handler
 
 
+def set_stop_handlers(handler) -> dict:
+    """Send SIGINT and SIGTERM to `handler` (or a {signum: handler} dict, as returned);
+    returns the handlers they had. Main thread only (Python delivers signals there):
+    elsewhere it does nothing and returns {}."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    handlers = handler if isinstance(handler, dict) else dict.fromkeys(STOP_SIGNALS, handler)
+    return {signum: signal.signal(signum, h) for signum, h in handlers.items()}
+
+
 @contextlib.contextmanager
 def signal_handlers(handler) -> Iterator[None]:
-    """SIGINT and SIGTERM go to `handler` inside the block (main thread only: Python
-    delivers signals there; elsewhere this does nothing)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    """SIGINT and SIGTERM go to `handler` inside the block."""
+    previous = set_stop_handlers(handler)
     try:
         yield
     finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
+        set_stop_handlers(previous)
 
 
 def run(main: Callable[[Sequence[str] | None], int | None],
         argv: Sequence[str] | None = None) -> int:
-    """Call `main(argv)` and turn its outcome into an exit code."""
+    """Call `main(argv)` and turn its outcome into an exit code.
+
+    After a stop (Interrupted) the stop handlers stay in place: the process is on its
+    way out, and a signal sent again while it shuts down (JAX and orbax take seconds)
+    exits with the stop's code instead of being killed by the default handler."""
+    previous = set_stop_handlers(exit_at_once())
+    stopped = False
     try:
-        with signal_handlers(exit_at_once()):
-            return main(argv) or 0
+        return main(argv) or 0
     except (InputError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -85,5 +95,9 @@ def run(main: Callable[[Sequence[str] | None], int | None],
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Interrupted as e:
+        stopped = True
         print(e, file=sys.stderr)
         return e.exit_code
+    finally:
+        if not stopped:
+            set_stop_handlers(previous)

@@ -1,5 +1,6 @@
 """Every command line: bad input is one `error: ...` line and exit code 2."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_outcomes_become_exit_codes_and_one_line(capsys, raised, code):
     def main(argv):
         raise raised
-    assert cli.run(main, []) == code
+    before = {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS}
+    try:
+        assert cli.run(main, []) == code
+        after = {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS}
+    finally:
+        cli.set_stop_handlers(before)
     err = capsys.readouterr().err
     assert err.strip() == (f"error: {raised}" if code in (1, 2) else str(raised))
+    # After a stop the process is exiting: a repeated signal must not meet the
+    # default handler (SIGTERM's kills the process with -15, not 143).
+    assert (after == before) == (code in (1, 2))
 
 
 def test_bugs_are_not_hidden():
