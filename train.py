@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--distributed", action="store_true", help="several hosts: call "
                    "jax.distributed.initialize() (coordinator from the environment)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                   help="write no TensorBoard event files (by default WORKDIR/tensorboard/, "
+                        "for `tensorboard --logdir WORKDIR`)")
     g.add_argument("--compile-cache", default=TRAIN.compile_cache, metavar="DIR",
                    help="JAX's persistent compilation cache: a repeated or resumed run loads "
                         "its compiled programs from here (default: %(default)s)")

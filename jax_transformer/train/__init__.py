@@ -5,6 +5,7 @@
     loop.py         run(): data, model, the loop, checkpoints, export, evaluation
     checkpoints.py  orbax training checkpoints (Checkpointer, restore_model), damaged ones set aside
     workdir.py      the work directory: its lock, run_args.json, metrics.jsonl, atomic writes
+    tensorboard.py  TensorBoard event files: metrics.jsonl's numbers as scalars
     interrupts.py   SIGINT/SIGTERM: finish the step, save, stop
     evaluation.py   held-out loss, exact match, sacreBLEU, chrF
     plots.py        the loss curve and an attention heatmap

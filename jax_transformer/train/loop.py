@@ -34,6 +34,7 @@ from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.settings import (DataSettings, ModelSettings, TrainError, TrainSettings,
                                             recorded)
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
+from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
                                            open_workdir, write_text_atomically)
 from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE, write_atomically
@@ -202,13 +203,17 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
         f"{compiled['cache_hits']} loaded from the cache")
     start_step = int(state.step)
     real_tokens = 0
-    metrics_log = MetricsLog(Path(settings.workdir) / METRICS_FILE, start_step,
-                             enabled=jax.process_index() == 0)
+    workdir = Path(settings.workdir)
+    metrics_log = MetricsLog(workdir / METRICS_FILE, start_step, enabled=jax.process_index() == 0,
+                             tensorboard=workdir / TENSORBOARD_DIR if settings.tensorboard
+                             else None)
     started = time.time()
     last_saved = start_step if resuming else None
     progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                     disable=settings.quiet or jax.process_index() != 0, dynamic_ncols=True)
     with interrupts.deferred_stops() as stops, progress, contextlib.closing(metrics_log):
+        if start_step < settings.steps:  # at the first step these programs train
+            metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
         while int(state.step) < settings.steps and not stops.agreed():
             step_started = time.time()
             micro_batches = [trainer.shard_batch(next(batches))

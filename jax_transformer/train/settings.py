@@ -127,6 +127,7 @@ class TrainSettings:
     samples: int = 5
     distributed: bool = False
     quiet: bool = False
+    tensorboard: bool = True  # event files in WORKDIR/tensorboard/
     compile_cache: str | None = dataclasses.field(default_factory=default_compile_cache)
 
     def __post_init__(self):
@@ -141,7 +142,7 @@ class TrainSettings:
 # match when a work directory is resumed.
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "distributed", "quiet",
-                               "compile_cache"})
+                               "tensorboard", "compile_cache"})
 
 
 def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:

@@ -3,6 +3,7 @@
     WORKDIR/train.lock       held (flock) by the run using the directory
     WORKDIR/run_args.json    the settings a resume must repeat
     WORKDIR/metrics.jsonl    one JSON object per line, appended as the run goes
+    WORKDIR/tensorboard/     the same numbers as TensorBoard scalars (tensorboard.py)
 
 The lock is an OS file lock (the `filelock` package), so the kernel releases it
 when its process ends, however it ends: a crashed or killed run never leaves
@@ -20,6 +21,7 @@ from pathlib import Path
 import filelock
 
 from jax_transformer.train.settings import TrainError
+from jax_transformer.train.tensorboard import TensorBoardLog
 from transformer_core.checkpoint_dir import write_atomically
 
 LOCK_FILE = "train.lock"
@@ -71,11 +73,14 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
 
 
 class MetricsLog:
-    """metrics.jsonl, appended a line at a time. On resume, lines past the restored
-    step are dropped, so the file reads as if the run had never stopped; so is a
-    line a crash cut short (with a warning)."""
+    """metrics.jsonl, appended a line at a time, and TensorBoard scalars of the same
+    records when `tensorboard` names their directory. On resume, lines past the
+    restored step are dropped, so the file reads as if the run had never stopped; so
+    is a line a crash cut short (with a warning). TensorBoard drops them itself
+    (tensorboard.py). Only the `enabled` process (process 0) writes either."""
 
-    def __init__(self, path: Path, resume_step: int, enabled: bool = True):
+    def __init__(self, path: Path, resume_step: int, enabled: bool = True,
+                 tensorboard: Path | None = None):
         self.path, self.enabled = path, enabled
         if not enabled:  # another host's process: process 0 keeps the log
             return
@@ -92,11 +97,17 @@ class MetricsLog:
                     kept.append(line)
         write_text_atomically(path, "".join(line + "\n" for line in kept))
         self.file = path.open("a", buffering=1)
+        self.tensorboard = (TensorBoardLog(tensorboard, resume_step + 1) if tensorboard
+                            else None)
 
     def write(self, **record) -> None:
         if self.enabled:
             self.file.write(json.dumps(record) + "\n")
+            if self.tensorboard:
+                self.tensorboard.write(record)
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
+            if self.tensorboard:
+                self.tensorboard.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 import train
 from jax_transformer.train import settings
 from jax_transformer.train.loop import run
@@ -35,3 +37,32 @@ def losses(workdir) -> list[tuple[int, float]]:
 
 def dev_losses(workdir) -> list[tuple[int, float]]:
     return [(r["step"], r["dev_loss"]) for r in records(workdir) if "dev_loss" in r]
+
+
+# metrics.jsonl key -> the TensorBoard tag train.py must write it under (spelled out
+# here rather than read from jax_transformer.train.tensorboard, so a dropped tag fails)
+TENSORBOARD_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
+                    "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss",
+                    "dev_perplexity": "dev/perplexity", "compile_seconds": "compile/seconds"}
+
+
+def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:
+    """tag -> [(step, value)] as TensorBoard's own reader loads the event files under
+    `directory` (every point kept, restarts handled as TensorBoard handles them)."""
+    from tensorboard.backend.event_processing import event_accumulator
+    accumulator = event_accumulator.EventAccumulator(
+        str(directory), size_guidance={event_accumulator.SCALARS: 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def metrics_scalars(workdir) -> dict[str, list[tuple[int, float]]]:
+    """metrics.jsonl's numbers per TensorBoard tag, as float32 (TensorBoard's scalars)."""
+    scalars = {}
+    for record in records(workdir):
+        for key, tag in TENSORBOARD_TAGS.items():
+            if key in record:
+                scalars.setdefault(tag, []).append((record["step"],
+                                                    float(np.float32(record[key]))))
+    return scalars

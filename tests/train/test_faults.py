@@ -21,7 +21,8 @@ import pytest
 from jax_transformer.train import checkpoints, loop
 from jax_transformer.train.settings import DataSettings
 from jax_transformer.train.workdir import open_workdir
-from tests.train.runs import REPO_ROOT, TINY, dev_losses, losses, tiny_run, tiny_settings
+from tests.train.runs import (REPO_ROOT, TINY, dev_losses, losses, metrics_scalars,
+                              tensorboard_scalars, tiny_run, tiny_settings)
 from transformer_core.tokenizer import Tokenizer
 
 STEPS = 60  # the runs interrupted at random moments stop short of this
@@ -147,6 +148,24 @@ def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp
         assert len(saved_steps) >= TRIALS // 2, f"few stops mid-training: {saved_steps}"
         assert losses(workdir) == losses(reference)
         assert dev_losses(workdir) == dev_losses(reference)
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_tensorboard_files_with_every_saved_step(tmp_path):
+    """A SIGTERM mid-training: the event files are closed with everything up to the
+    saved step, as metrics.jsonl has it."""
+    process = TrainProcess(tmp_path, "--steps", "100000", "--eval-every", "3")
+    process.wait_for("compiled in")
+    metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 120
+    while not metrics.exists() or metrics.read_text().count("dev_loss") < 2:
+        assert time.time() < deadline, process.stderr[-3000:]  # two evaluations written
+        time.sleep(0.05)
+    process.send(signal.SIGTERM)
+    assert process.finish() == 128 + signal.SIGTERM, process.stderr[-3000:]
+    saved = int(process.stderr.strip().splitlines()[-1].split(" saved step ")[1].split()[0])
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars == metrics_scalars(tmp_path)
+    assert scalars["train/loss"][-1][0] == saved
 
 
 @pytest.mark.slow

@@ -29,7 +29,8 @@ from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.tokenizer import Tokenizer
 from jax_transformer.cli import RunFailed
 from jax_transformer.train import settings
-from tests.train.runs import REPO_ROOT, TINY, losses, tiny_run, tiny_settings
+from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
+                              tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.workdir import check_run_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from torch_reference import Transformer as TorchTransformer
@@ -60,6 +61,20 @@ def test_run_writes_everything(reference_run):
         assert math.isfinite(results["test"][key]), key
     assert results["test"]["sentences"] == 40 and len(results["samples"]) == 2
     assert summary["step"] == 12
+
+
+@pytest.mark.slow
+def test_tensorboard_holds_every_metric_at_its_global_step(reference_run):
+    """WORKDIR/tensorboard/, read by TensorBoard's own loader: every tag, at the steps
+    and with the values (as float32) of metrics.jsonl."""
+    workdir, summary = reference_run
+    scalars = tensorboard_scalars(workdir / "tensorboard")
+    assert sorted(scalars) == sorted(TENSORBOARD_TAGS.values())
+    assert scalars == metrics_scalars(workdir)
+    assert [step for step, _ in scalars["train/loss"]] == list(range(1, 13))
+    assert [step for step, _ in scalars["dev/perplexity"]] == [6, 12]
+    compiled = summary["training"]["compile_ahead_seconds"]
+    assert scalars["compile/seconds"] == [(1, float(np.float32(compiled)))]
 
 
 @pytest.mark.slow
