@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from jax_transformer.port.reading import PortError, read_json_object
 from transformer_core.config import TransformerConfig
 
 
+def split_language_code(text: str) -> tuple[str | None, str]:
+    """(">>fra<<", " rest") for a text that starts with a target-language code, else
+    (None, text); as transformers' MarianTokenizer.remove_language_code: a text
+    starting with ">>" has a code up to its first "<<"."""
+    end = text.find("<<")
+    if text.startswith(">>") and end != -1:
+        return text[: end + 2], text[end + 2:]
+    return None, text
+
+
 class MarianTokenizer:
-    """Marian's tokenizer, as copied into a converted checkpoint directory.
+    """Marian's tokenizer, as copied into a converted checkpoint directory; the ids of
+    transformers' MarianTokenizer.
 
     Text is split into pieces by source.spm (target.spm for target text), and each
     piece is looked up in vocab.json (target_vocab.json for the target side when
-    the model has separate vocabularies); unknown pieces become <unk>. Source ids
-    end with </s>. This matches transformers' MarianTokenizer without its
-    optional Moses punctuation normaliser and language-code handling.
+    the model has separate vocabularies); unknown pieces become <unk>. A leading
+    target-language code of a multilingual model (">>fra<< text") is one piece,
+    looked up in the vocab without SentencePiece; a code the vocab lacks becomes
+    <unk>, as in transformers. Ids end with </s>. `normalize` is the Moses
+    punctuation normaliser Marian models were trained behind; like transformers,
+    `encode` does not apply it.
     """
 
     def __init__(self, directory: str | Path):
@@ -40,16 +55,38 @@ class MarianTokenizer:
         self.eos_id, self.unk_id = self.vocab["source"]["</s>"], self.vocab["source"]["<unk>"]
         self.pad_id = self.vocab["source"]["<pad>"]
         self.pieces = {side: {i: p for p, i in v.items()} for side, v in self.vocab.items()}
+        # The target languages a source text may start with (transformers lists none
+        # when the vocabularies are separate, yet looks codes up all the same).
+        self.supported_language_codes = [piece for piece in self.vocab["source"]
+                                          if piece.startswith(">>") and piece.endswith("<<")]
+        config = directory / "tokenizer_config.json"
+        self.source_lang = (read_json_object(config).get("source_lang") if config.is_file()
+                            else None)  # as transformers' from_pretrained reads it
+        if not isinstance(self.source_lang, (str, type(None))):
+            raise PortError(f"{config}: source_lang must be a language code or null, got "
+                            f"{self.source_lang!r}")
 
     @staticmethod
     def is_present(directory: str | Path) -> bool:
         return (Path(directory) / "source.spm").is_file() and (Path(directory) / "vocab.json").is_file()
 
     def encode(self, text: str, side: str = "source") -> list[int]:
-        """Text -> model ids + [</s>]."""
+        """Text -> model ids + [</s>]; a leading language code is one id."""
         vocab = self.vocab[side]
-        unk = vocab["<unk>"]
-        return [vocab.get(p, unk) for p in self.spm[side].encode(text, out_type=str)] + [vocab["</s>"]]
+        code, text = split_language_code(text)
+        pieces = ([code] if code else []) + self.spm[side].encode(text, out_type=str)
+        return [vocab.get(p, vocab["<unk>"]) for p in pieces] + [vocab["</s>"]]
+
+    def normalize(self, text: str) -> str:
+        """Moses punctuation normalisation (sacremoses) for tokenizer_config.json's
+        source_lang, as transformers' MarianTokenizer.normalize: quotes, dashes,
+        spacing. OPUS-MT models were trained on text normalised so."""
+        return self._punct_normalizer.normalize(text) if text else ""  # sacremoses: "" -> []
+
+    @functools.cached_property
+    def _punct_normalizer(self):
+        from sacremoses import MosesPunctNormalizer
+        return MosesPunctNormalizer(self.source_lang)
 
     def decode(self, ids, side: str = "target") -> str:
         pieces = []
