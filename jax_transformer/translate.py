@@ -8,10 +8,14 @@ One sentence per line in, one translation per line out, in input order. Lines
 end at "\\n" only (a "\\r\\n" ending counts as one); a blank line gives a blank
 line, without running the model. Input must be UTF-8. --output is checked
 before any work and written atomically: a failed write keeps the old file.
-The tokenizer is the checkpoint's tokenizer.model; source ids are its pieces
-plus eos. Sentences are sorted by length into batches and padded to the
-training buckets' lengths (jax_transformer.data.batching), so JAX compiles once
-per length bucket, not once per batch. Progress and errors go to stderr. `--framework torch` runs
+The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
+eos) or, in a converted opus-mt model, Marian's source.spm + vocab.json
+(port.MarianTokenizer): a multilingual model's target language is a code at the
+start of each line, ">>fra<< text", as with transformers; --normalize-punctuation
+applies the Moses punctuation normaliser of OPUS-MT's pre-processing first.
+Sentences are sorted by length into batches and padded to the training buckets'
+lengths (jax_transformer.data.batching), so JAX compiles once per length bucket,
+not once per batch. Progress and errors go to stderr. `--framework torch` runs
 torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 """
 
@@ -29,6 +33,7 @@ from tqdm import tqdm
 
 from jax_transformer import cli
 from jax_transformer.data.batching import bucket_lengths, padded_length
+from jax_transformer.port.marian_tokenizer import MarianTokenizer, split_language_code
 from transformer_core import checkpoint_dir
 from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
@@ -42,7 +47,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m jax_transformer.translate",
                                 description="Translate one sentence per line.")
     p.add_argument("--checkpoint", required=True,
-                   help="checkpoint directory (config.json, model.safetensors, tokenizer.model)")
+                   help="checkpoint directory (config.json, model.safetensors, tokenizer.model "
+                        "or a converted Marian model's source.spm + vocab.json)")
     p.add_argument("--input", help="source file, one sentence per line (default: stdin)")
     p.add_argument("--output", help="where to write translations (default: stdout)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax")
@@ -52,6 +58,9 @@ def parse_args(argv=None):
                    help="most output tokens per sentence (default: twice the padded source "
                         "length + 10, at most the model's max_len)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--normalize-punctuation", action="store_true",
+                   help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "
+                        "line first, as transformers' MarianTokenizer.normalize")
     args = p.parse_args(argv)
     for name in ("beam", "batch_size", "max_len"):
         value = getattr(args, name)
@@ -66,10 +75,12 @@ def load(checkpoint, framework: str):
     if not directory.is_dir():
         raise TranslateError(f"checkpoint directory {directory} does not exist")
     tokenizer_file = checkpoint_dir.tokenizer_path(directory)
-    if tokenizer_file is None:
+    marian = MarianTokenizer.is_present(directory)
+    if tokenizer_file is None and not marian:
         raise TranslateError(
-            f"{directory} has no {checkpoint_dir.TOKENIZER_FILE}; save the checkpoint with its "
-            "tokenizer (save_pretrained(dir, tokenizer=path))")
+            f"{directory} has no {checkpoint_dir.TOKENIZER_FILE} (nor Marian's source.spm + "
+            "vocab.json); save the checkpoint with its tokenizer "
+            "(save_pretrained(dir, tokenizer=path))")
     if framework == "torch":
         import torch
 
@@ -79,9 +90,25 @@ def load(checkpoint, framework: str):
     else:
         from jax_transformer.model import Transformer
         model = Transformer.from_pretrained(directory)
-    tokenizer = Tokenizer(tokenizer_file)
+    tokenizer = MarianTokenizer(directory) if marian else Tokenizer(tokenizer_file)
     tokenizer.check_fits(model.config)
     return model, tokenizer
+
+
+def source_ids(tokenizer, text: str, line: int, eos_id: int) -> list[int]:
+    """Input line number `line`'s source ids, ending in eos. A Marian tokenizer adds its
+    </s> itself and refuses a leading language code its vocabulary lacks (transformers
+    would make it <unk>, and the model translate into no language asked for)."""
+    if not isinstance(tokenizer, MarianTokenizer):
+        return tokenizer.encode(text) + [eos_id]
+    code, _ = split_language_code(text)
+    if code is not None and code not in tokenizer.vocab["source"]:
+        codes = tokenizer.supported_language_codes
+        known = (f"its codes are {' '.join(codes[:20])}{' ...' if len(codes) > 20 else ''}"
+                 if codes else "it takes no language codes")
+        raise TranslateError(f"line {line} starts with the language code {code}, which "
+                             f"{tokenizer.directory / 'vocab.json'} does not have; {known}")
+    return tokenizer.encode(text)
 
 
 def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0.6,
@@ -98,11 +125,12 @@ def translate_lines(lines, model, tokenizer, *, framework="jax", beam=4, alpha=0
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        pieces = tokenizer.encode(line.strip())
-        if len(pieces) >= config.max_len:
+        ids = source_ids(tokenizer, line.strip(), i + 1, config.eos_id)
+        if len(ids) > config.max_len:
             print(f"warning: line {i + 1} truncated to the model's max_len "
                   f"({config.max_len} tokens)", file=sys.stderr)
-        sources[i] = pieces[: config.max_len - 1] + [config.eos_id]
+            ids = ids[: config.max_len - 1] + [config.eos_id]
+        sources[i] = ids
     order = sorted(sources, key=lambda i: len(sources[i]))
     buckets = bucket_lengths(config.max_len)
     translations = [""] * len(lines)
@@ -165,6 +193,9 @@ def translate_command(argv=None) -> int:
     if args.output:
         check_output(Path(args.output))
     model, tokenizer = load(args.checkpoint, args.framework)
+    if args.normalize_punctuation and not isinstance(tokenizer, MarianTokenizer):
+        raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm + "
+                             f"vocab.json); {args.checkpoint} has {checkpoint_dir.TOKENIZER_FILE}")
     if args.input:
         try:
             lines = split_lines(Path(args.input).read_bytes(), f"--input {args.input}")
@@ -172,6 +203,8 @@ def translate_command(argv=None) -> int:
             raise TranslateError(f"cannot read --input {args.input}: {e}") from e
     else:
         lines = split_lines(sys.stdin.buffer.read(), "stdin")
+    if args.normalize_punctuation:
+        lines = [tokenizer.normalize(line) for line in lines]
     progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
                                     file=sys.stderr, disable=None)
     start = time.perf_counter()

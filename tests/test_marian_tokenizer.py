@@ -113,3 +113,77 @@ def test_a_source_lang_that_is_not_a_code_is_an_error(directory, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"source_lang": 1}')
     with pytest.raises(PortError, match="source_lang must be a language code or null, got 1"):
         MarianTokenizer(tmp_path)
+
+
+# ------------------------------------------------------------------ translate
+
+@pytest.fixture(scope="module")
+def marian_checkpoint(directory, tmp_path_factory):
+    """A random-weight MarianMTModel over `directory`'s vocabulary, converted with
+    `python -m jax_transformer.port --from hf-marian` (tokenizer files copied)."""
+    import torch
+    from jax_transformer import port
+    vocab = json.loads((directory / "vocab.json").read_text())
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=vocab["<pad>"],
+        decoder_start_token_id=vocab["<pad>"], eos_token_id=vocab["</s>"])
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config)
+    with torch.no_grad():  # large enough that the input steers the output (at HF's init
+        for name, tensor in model.named_parameters():  # it makes one token of every input)
+            if "embed_positions" not in name:  # sinusoids, checked by the converter
+                tensor.add_(torch.randn(tensor.shape))
+    source = tmp_path_factory.mktemp("opus-mt")
+    model.save_pretrained(source)
+    for path in directory.iterdir():
+        (source / path.name).write_bytes(path.read_bytes())
+    converted = tmp_path_factory.mktemp("converted") / "model"
+    assert port.main(["--from", "hf-marian", str(source), str(converted)]) == 0
+    return converted
+
+
+def translate_file(checkpoint, lines, tmp_path, capsys, *flags):
+    """`python -m jax_transformer.translate` (torch_reference, greedy) on `lines`:
+    (exit code, output lines, stderr)."""
+    from jax_transformer import translate
+    source, output = tmp_path / "source.txt", tmp_path / "out.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    code = translate.main(["--checkpoint", str(checkpoint), "--input", str(source), "--output",
+                           str(output), "--framework", "torch", "--beam", "1", "--max-len",
+                           "10", *flags])
+    err = capsys.readouterr().err
+    return code, output.read_text(encoding="utf-8").splitlines() if code == 0 else None, err
+
+
+def test_translate_takes_a_language_code_at_the_start_of_each_line(marian_checkpoint, theirs,
+                                                                   tmp_path, capsys):
+    from jax_transformer import translate
+    _, tokenizer = translate.load(marian_checkpoint, "torch")
+    for text in (">>fra<< the quick fox", ">>deu<<the lazy dog", "the dog"):
+        assert translate.source_ids(tokenizer, text, 1, 0) == theirs(text)["input_ids"], text
+    lines = [">>fra<< the quick brown fox", "", ">>deu<< the quick brown fox"]
+    code, out, err = translate_file(marian_checkpoint, lines, tmp_path, capsys)
+    assert code == 0, err
+    assert len(out) == 3 and out[1] == "" and "translated 3 sentences" in err
+
+    code, _, err = translate_file(marian_checkpoint, ["the dog", ">>xyz<< the dog"], tmp_path,
+                                  capsys)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"error: line 2 starts with the language code >>xyz<<, which "
+        f"{marian_checkpoint / 'vocab.json'} does not have; its codes are >>fra<< >>deu<<")
+
+
+def test_translate_normalises_punctuation_when_asked(marian_checkpoint, theirs, tmp_path,
+                                                     capsys):
+    lines = ODD_PUNCTUATION
+    normalised = [theirs.normalize(line) for line in lines]
+    raw_out = translate_file(marian_checkpoint, lines, tmp_path, capsys)[1]
+    normalised_out = translate_file(marian_checkpoint, normalised, tmp_path, capsys)[1]
+    assert raw_out != normalised_out  # the normaliser changes what the model makes of them
+    code, out, err = translate_file(marian_checkpoint, lines, tmp_path, capsys,
+                                    "--normalize-punctuation")
+    assert code == 0, err
+    assert out == normalised_out

@@ -151,6 +151,9 @@ def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):
     code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
                              "--max-len", "999", "--input", tmp_path / "missing.txt"], capsys)
     assert code == 2 and "missing.txt" in err
+    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                             "--normalize-punctuation"], capsys)
+    assert code == 2 and "--normalize-punctuation needs a Marian tokenizer" in err
     source = tmp_path / "one.txt"
     source.write_text("a cat\n")
     code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
