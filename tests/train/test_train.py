@@ -83,6 +83,9 @@ def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
     tiny_run(tmp_path, "--steps", "8")
     tiny_run(tmp_path, "--steps", "12")  # resumes from the step-8 checkpoint
     assert losses(tmp_path) == losses(reference)
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")  # two event files, one curve
+    assert scalars == metrics_scalars(tmp_path)
+    assert [step for step, _ in scalars["compile/seconds"]] == [1, 9]
 
 
 def test_resume_refuses_other_settings(tmp_path):
