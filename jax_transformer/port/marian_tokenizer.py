@@ -29,8 +29,8 @@ class MarianTokenizer:
     target-language code of a multilingual model (">>fra<< text") is one piece,
     looked up in the vocab without SentencePiece; a code the vocab lacks becomes
     <unk>, as in transformers. Ids end with </s>. `normalize` is the Moses
-    punctuation normaliser Marian models were trained behind; like transformers,
-    `encode` does not apply it.
+    punctuation normaliser of OPUS-MT's pre-processing; like transformers, `encode`
+    does not apply it.
     """
 
     def __init__(self, directory: str | Path):
