@@ -151,6 +151,12 @@ def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
 
     want, got = our_logits(src, tgt), hf_logits_fn(hf, PAD)(src, tgt)
     assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
+    # From labels, MarianMTModel builds the decoder input with config.decoder_start_token_id.
+    labels = torch.as_tensor(np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), EOS)], axis=1))
+    with torch.no_grad():
+        from_labels = hf(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != PAD),
+                         labels=labels).logits.numpy()
+    np.testing.assert_array_equal(from_labels, got)
     # generate() reads the start, end and pad ids and max_length from the export: it
     # gives torch_reference's cached greedy tokens, running to max_len (no forced </s>).
     tokens, _ = torch_reference.decoding.greedy_search(ours, torch.as_tensor(src),
