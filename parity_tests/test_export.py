@@ -213,10 +213,10 @@ def test_marian_tokenizer_files_are_copied_back(tmp_path):
 
 # ------------------------------------------------------------ refusals
 
-def save_zeros(directory, config):
+def save_zeros(directory, config, tokenizer=None):
     tensors = {k: np.zeros(shape, np.float32)
                for k, shape in checkpoint_dir.expected_shapes(config).items()}
-    checkpoint_dir.save_dir(directory, config, tensors)
+    checkpoint_dir.save_dir(directory, config, tensors, tokenizer=tokenizer)
 
 
 @pytest.mark.parametrize("change, field", [
@@ -243,6 +243,15 @@ def test_fields_the_export_does_not_know_must_keep_their_default(tmp_path, monke
     with pytest.raises(port.PortError, match="output_bias=True .*default, False"):
         port.export_hf_marian(tmp_path / "ours", tmp_path / "hf")
     hf_export.hf_marian_config(EXPORTABLE)  # at its default it exports
+
+
+def test_a_tokenizer_with_other_special_ids_is_refused(tmp_path):
+    spm_model = tmp_path / "tokenizer.model"
+    Tokenizer.train(TEXT, spm_model, vocab_size=40)  # pad 0
+    save_zeros(tmp_path / "ours", EXPORTABLE.replace(pad_id=1), tokenizer=spm_model)
+    with pytest.raises(port.PortError, match="has <pad> at id 0, the model at 1"):
+        port.export_hf_marian(tmp_path / "ours", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_from_and_to_together_is_a_usage_error(tmp_path, capsys):

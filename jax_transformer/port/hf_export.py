@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.numpy
 
 from jax_transformer.port.marian import (MARIAN_ACTIVATIONS, MARIAN_FIXED_FLAGS,
                                          MARIAN_TOKENIZER_FILES, marian_layer_modules)
@@ -137,7 +138,6 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
     vocab = None if marian_files else _vocab_from_sentencepiece(src_dir, config)
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v) for k, v in hf.items()}
-    import safetensors.numpy
     checkpoint_dir.write_atomically(out_dir / "model.safetensors", lambda p: safetensors.numpy
                                     .save_file(arrays, p, metadata={"format": "pt"}))
     _write_json(out_dir / "config.json", hf_config)
