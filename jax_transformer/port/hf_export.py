@@ -48,8 +48,10 @@ def check_marian_expressible(config: TransformerConfig) -> None:
     """Raise PortError, naming the field, unless MarianMTModel computes this model."""
     for name, value in MARIAN_FIXED.items():
         if getattr(config, name) != value:
+            hint = ("; train.py makes it with --position-layout half_split"
+                    if name == "position_layout" else "")
             raise PortError(f"cannot export to Marian: {name}={getattr(config, name)!r} "
-                            f"(MarianMTModel has {name}={value!r})")
+                            f"(MarianMTModel has {name}={value!r}{hint})")
     if config.activation not in HF_ACTIVATIONS:
         raise PortError(f"cannot export to Marian: activation={config.activation!r} "
                         f"(supported: {', '.join(sorted(HF_ACTIVATIONS))})")
