@@ -22,7 +22,8 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jax_transformer.train.settings import DataSettings, ModelSettings, TrainSettings
+    from jax_transformer.train.settings import (ACTIVATIONS, POSITION_LAYOUTS, DataSettings,
+                                                ModelSettings, TrainSettings)
     DATA, MODEL, TRAIN = DataSettings(), ModelSettings(), TrainSettings()  # the defaults
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "probabilities, the FFN and each sublayer output (default: %(default)s)")
     g.add_argument("--pre-norm", action="store_true",
                    help="pre-LayerNorm with final norms instead of the paper's post-LN")
+    g.add_argument("--activation", choices=ACTIVATIONS, default=MODEL.activation,
+                   help="the feed-forward layers' activation; opus-mt uses silu "
+                        "(default: %(default)s)")
+    g.add_argument("--position-layout", choices=POSITION_LAYOUTS, default=MODEL.position_layout,
+                   help="sinusoid columns: interleaved sin/cos (the paper) or half_split, all "
+                        "sines then all cosines (Marian); half_split (without --pre-norm) makes "
+                        "a model `python -m jax_transformer.port --to hf-marian` exports "
+                        "(default: %(default)s)")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=TRAIN.steps,

@@ -1,19 +1,25 @@
-"""Convert checkpoints trained elsewhere into our checkpoint directory.
+"""Convert checkpoints trained elsewhere into our checkpoint directory, and ours
+into Hugging Face Marian.
 
     reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
     marian.py            Hugging Face Marian / opus-mt
     marian_tokenizer.py  Marian's source.spm / target.spm + vocab.json
     torch_nn.py          models wrapping torch.nn.Transformer
     ours.py              torch_reference state dicts and train.py's orbax checkpoints
-    cli.py               python -m jax_transformer.port
+    hf_export.py         ours -> a directory transformers' MarianMTModel / MarianTokenizer load
+    cli.py               python -m jax_transformer.port (--from SOURCE | --to hf-marian)
 
 Every converter builds a TransformerConfig and a dict of torch-named numpy
 tensors and writes them with `checkpoint_dir.save_dir`, which checks every key
 and shape. Source values we cannot express are errors (PortError), never a
-quietly different model.
+quietly different model. The export is marian.py inverted, with the same name
+table; a model Marian cannot compute (pre-LN, final norms, interleaved
+sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field.
 """
 
 from jax_transformer.port.cli import SOURCES, main
+from jax_transformer.port.hf_export import (TARGETS, export_hf_marian, hf_marian_config,
+                                            hf_marian_tensors)
 from jax_transformer.port.marian import convert_hf_marian, marian_config, marian_tensors
 from jax_transformer.port.marian_tokenizer import MarianTokenizer
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
@@ -21,7 +27,8 @@ from jax_transformer.port.reading import PortError, read_weights
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
                                            torch_nn_transformer_tensors)
 
-__all__ = ["MarianTokenizer", "PortError", "SOURCES", "TORCH_NN_DEFAULTS", "convert_hf_marian",
-           "convert_jax_orbax", "convert_torch_nn_transformer", "convert_torch_reference",
-           "main", "marian_config", "marian_tensors", "read_weights",
+__all__ = ["MarianTokenizer", "PortError", "SOURCES", "TARGETS", "TORCH_NN_DEFAULTS",
+           "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_transformer",
+           "convert_torch_reference", "export_hf_marian", "hf_marian_config",
+           "hf_marian_tensors", "main", "marian_config", "marian_tensors", "read_weights",
            "torch_nn_transformer_tensors"]

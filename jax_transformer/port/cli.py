@@ -1,9 +1,11 @@
-"""python -m jax_transformer.port: convert a checkpoint into our directory format.
+"""python -m jax_transformer.port: convert a checkpoint into our directory format, or
+(--to) one of ours into another format.
 
     python -m jax_transformer.port --from hf-marian          SRC_DIR   OUT_DIR
     python -m jax_transformer.port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
     python -m jax_transformer.port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
     python -m jax_transformer.port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
+    python -m jax_transformer.port --to hf-marian            CKPT_DIR  OUT_DIR   (hf_export.py)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from jax_transformer import cli
+from jax_transformer.port.hf_export import TARGETS, export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
@@ -28,11 +31,20 @@ def convert(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jax_transformer.port",
         description="Convert a checkpoint into our directory format (config.json + "
-                    "model.safetensors). Then check it: python -m jax_transformer.parity OUT_DIR")
-    parser.add_argument("--from", dest="source", choices=SOURCES, required=True)
+                    "model.safetensors), then check it: python -m jax_transformer.parity OUT_DIR. "
+                    "Or, with --to, export one of our checkpoint directories: --to hf-marian "
+                    "writes a directory transformers' MarianMTModel and MarianTokenizer load "
+                    "(models Marian cannot compute are refused, naming the config field).")
+    direction = parser.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--from", dest="source", choices=SOURCES,
+                           help="convert SRC from this format into our directory format")
+    direction.add_argument("--to", dest="target", choices=TARGETS,
+                           help="export SRC, our checkpoint directory (config.json, "
+                                "model.safetensors, tokenizer.model), to this format")
     parser.add_argument("src", help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
-                                    "state dict; jax-orbax: the checkpoints directory")
-    parser.add_argument("out", help="output checkpoint directory")
+                                    "state dict; jax-orbax: the checkpoints directory; "
+                                    "--to: our checkpoint directory")
+    parser.add_argument("out", help="output directory")
     g = parser.add_argument_group("torch-reference / jax-orbax")
     g.add_argument("--config", help="torch-reference: our config.json for the state dict")
     g.add_argument("--tokenizer", help="a SentencePiece model to copy as tokenizer.model")
@@ -60,6 +72,10 @@ def convert(argv: list[str] | None = None) -> int:
     g.add_argument("--eos-id", type=int)
     args = parser.parse_args(argv)
 
+    if args.target == "hf-marian":
+        config, tokenizer = export_hf_marian(args.src, args.out)
+        print(f"wrote {args.out} (Marian, tokenizer {tokenizer}): {config}")
+        return 0
     if args.source == "hf-marian":
         config = convert_hf_marian(args.src, args.out)
     elif args.source == "torch-nn-transformer":

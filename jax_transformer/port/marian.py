@@ -27,6 +27,30 @@ MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_voca
                           "tokenizer_config.json", "special_tokens_map.json")
 
 MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+# Config flags of the BART family that MarianMTModel does not implement: only these values.
+MARIAN_FIXED_FLAGS = {"normalize_before": False, "normalize_embedding": False,
+                      "add_final_layer_norm": False, "add_bias_logits": False,
+                      "static_position_embeddings": True}
+MARIAN_ATTENTION = (("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v"), ("out_proj", "W_o"))
+
+
+def marian_layer_modules(config: TransformerConfig) -> list[tuple[str, str]]:
+    """(Marian module, our module) for every Linear and LayerNorm of the layers, each
+    with a weight and a bias; Marian names without "model.". Both directions use it."""
+    pairs = []
+    for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
+        for i in range(n):
+            p = f"{stack}.layers.{i}"
+            blocks = [("self_attn", "self_attn", "self_attn_layer_norm", "self_attn_norm")]
+            if stack == "decoder":
+                blocks.append(("encoder_attn", "cross_attn", "encoder_attn_layer_norm",
+                               "cross_attn_norm"))
+            for hf_attn, our_attn, hf_norm, our_norm in blocks:
+                pairs += [(f"{p}.{hf_attn}.{h}", f"{p}.{our_attn}.{o}") for h, o in MARIAN_ATTENTION]
+                pairs.append((f"{p}.{hf_norm}", f"{p}.{our_norm}"))
+            pairs += [(f"{p}.fc1", f"{p}.ffn.W_1"), (f"{p}.fc2", f"{p}.ffn.W_2"),
+                      (f"{p}.final_layer_norm", f"{p}.ffn_norm")]
+    return pairs
 
 
 def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
@@ -46,9 +70,7 @@ def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
     act = get("activation_function", "gelu")
     require(act in MARIAN_ACTIVATIONS, f"activation_function {act!r}; supported: "
             f"{sorted(MARIAN_ACTIVATIONS)} (gelu means exact erf GELU)")
-    for flag, ok in (("normalize_before", False), ("normalize_embedding", False),
-                     ("add_final_layer_norm", False), ("add_bias_logits", False),
-                     ("static_position_embeddings", True)):
+    for flag, ok in MARIAN_FIXED_FLAGS.items():
         require(get(flag, ok) == ok, f"{flag}={hf.get(flag)!r} (Marian's MarianMTModel needs {ok})")
     require(get("encoder_attention_heads", 16) == get("decoder_attention_heads", 16),
             "encoder_attention_heads != decoder_attention_heads")
@@ -99,15 +121,6 @@ def marian_tensors(hf_tensors: Mapping[str, np.ndarray],
     c = TensorConsumer(src, "Marian state dict")
     out: dict[str, np.ndarray] = {}
 
-    def linear(hf_name, ours):
-        out[f"{ours}.weight"] = c.take(f"{hf_name}.weight")
-        out[f"{ours}.bias"] = c.take(f"{hf_name}.bias")
-
-    def attention(hf_name, ours):
-        for hf_proj, our_proj in (("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v"),
-                                  ("out_proj", "W_o")):
-            linear(f"{hf_name}.{hf_proj}", f"{ours}.{our_proj}")
-
     def embedding(*candidates):  # tied copies may or may not be stored; all must agree
         present = [k for k in candidates if k in c]
         if not present:
@@ -127,17 +140,10 @@ def marian_tensors(hf_tensors: Mapping[str, np.ndarray],
         out["tgt_embed.weight"] = embedding("decoder.embed_tokens.weight")
         if "shared.weight" in c:
             c.ignore("shared.weight")  # unused by MarianModel when not shared
-    for stack, n in (("encoder", config.num_encoder_layers), ("decoder", config.num_decoder_layers)):
-        for i in range(n):
-            p = f"{stack}.layers.{i}"
-            attention(f"{p}.self_attn", f"{p}.self_attn")
-            linear(f"{p}.self_attn_layer_norm", f"{p}.self_attn_norm")
-            if stack == "decoder":
-                attention(f"{p}.encoder_attn", f"{p}.cross_attn")
-                linear(f"{p}.encoder_attn_layer_norm", f"{p}.cross_attn_norm")
-            linear(f"{p}.fc1", f"{p}.ffn.W_1")
-            linear(f"{p}.fc2", f"{p}.ffn.W_2")
-            linear(f"{p}.final_layer_norm", f"{p}.ffn_norm")
+    for hf_name, ours in marian_layer_modules(config):
+        for leaf in ("weight", "bias"):
+            out[f"{ours}.{leaf}"] = c.take(f"{hf_name}.{leaf}")
+    for stack in ("encoder", "decoder"):
         # The sinusoidal table is static in Marian; ours is computed, so check they agree.
         key = f"{stack}.embed_positions.weight"
         if key in c:

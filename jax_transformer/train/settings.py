@@ -17,6 +17,11 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITION_LAYOUTS = ("interleaved", "half_split")
+# Settings added after run_args.json files were first written: a file without one
+# was written by a run that used this value, so it resumes.
+ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved"}
 
 
 class TrainError(InputError):
@@ -81,6 +86,8 @@ class ModelSettings:
     layers: int = 3
     dropout: float = 0.1
     pre_norm: bool = False  # pre-LN with final norms instead of the paper's post-LN
+    activation: str = "relu"  # the FFN's; silu is opus-mt's ("swish")
+    position_layout: str = "interleaved"  # half_split: Marian's, for `port --to hf-marian`
 
     def __post_init__(self):
         for name in ("d_model", "heads", "d_ff", "layers"):
@@ -89,6 +96,9 @@ class ModelSettings:
         require(self.d_model % self.heads == 0, f"--d-model {self.d_model} must be divisible "
                                                 f"by --heads {self.heads}")
         require(0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}")
+        for name, choices in (("activation", ACTIVATIONS), ("position_layout", POSITION_LAYOUTS)):
+            require(getattr(self, name) in choices, f"--{name.replace('_', '-')} must be one of "
+                    f"{', '.join(choices)}, got {getattr(self, name)!r}")
 
     def config(self, vocab_size: int, max_len: int) -> TransformerConfig:
         return TransformerConfig(
@@ -96,7 +106,8 @@ class ModelSettings:
             num_heads=self.heads, d_ff=self.d_ff, num_encoder_layers=self.layers,
             num_decoder_layers=self.layers, dropout=self.dropout, max_len=max_len,
             pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, pre_norm=self.pre_norm,
-            final_norm=self.pre_norm)
+            final_norm=self.pre_norm, activation=self.activation,
+            position_layout=self.position_layout)
 
 
 def default_compile_cache() -> str:

@@ -98,6 +98,25 @@ def test_resume_refuses_other_settings(tmp_path):
         check_run_settings(tmp_path, recorded(tmp_path, "--d-ff", "48"), resuming=True)
 
 
+def test_marian_flags_leave_the_default_model_and_old_runs_alone(tmp_path):
+    """--position-layout half_split (+ --activation silu) makes a model `port --to
+    hf-marian` exports; without them the model is the paper's, as before."""
+    marian = tiny_settings(tmp_path, "--position-layout", "half_split", "--activation", "silu")
+    config = marian[1].config(200, 64)
+    assert (config.position_layout, config.activation) == ("half_split", "silu")
+    default = tiny_settings(tmp_path)[1].config(200, 64)
+    assert default == TransformerConfig(**{**default.to_dict(), "activation": "relu",
+                                           "position_layout": "interleaved"})
+    # A run_args.json from before these flags resumes as the defaults; not as others.
+    old = {k: v for k, v in recorded(tmp_path).items()
+           if k not in ("activation", "position_layout")}
+    (tmp_path / "run_args.json").write_text(json.dumps(old))
+    check_run_settings(tmp_path, recorded(tmp_path), resuming=True)
+    with pytest.raises(settings.TrainError, match="--position-layout 'interleaved' -> 'half_split'"):
+        check_run_settings(tmp_path, recorded(tmp_path, "--position-layout", "half_split"),
+                           resuming=True)
+
+
 @pytest.mark.slow
 def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run, tmp_path):
     """A real process killed with SIGKILL mid-training resumes from its latest

@@ -1,0 +1,191 @@
+"""Our checkpoint directory -> a Hugging Face Marian directory (the inverse of marian.py).
+
+    OUT/config.json              a full MarianConfig, written as JSON (no transformers needed)
+    OUT/generation_config.json   the start/end/pad ids, max_length, no forced end token
+    OUT/model.safetensors        MarianMTModel's names, the keys save_pretrained writes
+    OUT/source.spm, target.spm   our tokenizer.model (a SentencePiece model), twice
+    OUT/vocab.json               every piece -> our id; <pad>, </s>, <unk> at our ids
+    OUT/tokenizer_config.json    MarianTokenizer and its special tokens
+
+`transformers.MarianMTModel.from_pretrained(OUT)` and `MarianTokenizer.from_pretrained(OUT)`
+load it. A checkpoint that came from Marian (it holds source.spm + vocab.json) gets
+those files copied instead. A config Marian cannot compute is a PortError naming the
+field: MarianMTModel is post-LN, without final norms, with LayerNorm eps 1e-5 and
+half-split sinusoids; train.py makes such a model with `--position-layout half_split`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+from jax_transformer.port.marian import (MARIAN_ACTIVATIONS, MARIAN_FIXED_FLAGS,
+                                         MARIAN_TOKENIZER_FILES, marian_layer_modules)
+from jax_transformer.port.marian_tokenizer import MarianTokenizer
+from jax_transformer.port.reading import PortError
+from transformer_core import checkpoint_dir
+from transformer_core.config import TransformerConfig
+
+TARGETS = ("hf-marian",)
+HF_ACTIVATIONS = {ours: hf for hf, ours in MARIAN_ACTIVATIONS.items() if hf != "silu"}  # swish
+# What MarianMTModel computes, for the fields it cannot change.
+MARIAN_FIXED = {"pre_norm": False, "final_norm": False, "layer_norm_eps": 1e-5,
+                "position_layout": "half_split"}
+# Fields Marian expresses whatever their value (written into config.json below).
+MARIAN_FREE = {"src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
+               "num_encoder_layers", "num_decoder_layers", "dropout", "max_len", "pad_id",
+               "bos_id", "eos_id", "activation", "scale_embeddings", "share_embeddings",
+               "tie_output", "output_bias"}
+
+
+def check_marian_expressible(config: TransformerConfig) -> None:
+    """Raise PortError, naming the field, unless MarianMTModel computes this model."""
+    for name, value in MARIAN_FIXED.items():
+        if getattr(config, name) != value:
+            hint = ("; train.py makes it with --position-layout half_split"
+                    if name == "position_layout" else "")
+            raise PortError(f"cannot export to Marian: {name}={getattr(config, name)!r} "
+                            f"(MarianMTModel has {name}={value!r}{hint})")
+    if config.activation not in HF_ACTIVATIONS:
+        raise PortError(f"cannot export to Marian: activation={config.activation!r} "
+                        f"(supported: {', '.join(sorted(HF_ACTIVATIONS))})")
+    for field in dataclasses.fields(TransformerConfig):  # fields added later: defaults only
+        if field.name not in MARIAN_FIXED and field.name not in MARIAN_FREE:
+            if getattr(config, field.name) != field.default:
+                raise PortError(f"cannot export to Marian: {field.name}="
+                                f"{getattr(config, field.name)!r} (the Marian export knows "
+                                f"only its default, {field.default!r})")
+
+
+def hf_marian_config(config: TransformerConfig, dtype: str = "float32") -> dict[str, Any]:
+    """Our config -> MarianConfig's config.json (as a dict), or PortError."""
+    check_marian_expressible(config)
+    return {
+        "model_type": "marian", "architectures": ["MarianMTModel"],
+        "vocab_size": config.src_vocab_size, "decoder_vocab_size": config.tgt_vocab_size,
+        "share_encoder_decoder_embeddings": config.share_embeddings,
+        "tie_word_embeddings": config.tie_output, "d_model": config.d_model,
+        "encoder_layers": config.num_encoder_layers, "decoder_layers": config.num_decoder_layers,
+        "encoder_attention_heads": config.num_heads, "decoder_attention_heads": config.num_heads,
+        "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff,
+        "activation_function": HF_ACTIVATIONS[config.activation],
+        "scale_embedding": config.scale_embeddings,
+        "max_position_embeddings": config.max_len,
+        # One dropout rate drops embeddings, sublayer outputs, attention weights and the FFN.
+        "dropout": config.dropout, "attention_dropout": config.dropout,
+        "activation_dropout": config.dropout, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
+        "pad_token_id": config.pad_id, "eos_token_id": config.eos_id, "bos_token_id": None,
+        "decoder_start_token_id": config.bos_id,
+        "forced_eos_token_id": None,  # our searches do not force an end token at max length
+        **MARIAN_FIXED_FLAGS, "is_encoder_decoder": True, "is_decoder": False,
+        "use_cache": True, "init_std": 0.02, "dtype": dtype,
+    }
+
+
+def hf_generation_config(config: TransformerConfig) -> dict[str, Any]:
+    """generation_config.json: our ids, and room for max_len tokens after the start token."""
+    return {"decoder_start_token_id": config.bos_id, "eos_token_id": config.eos_id,
+            "pad_token_id": config.pad_id, "forced_eos_token_id": None,
+            "max_length": config.max_len + 1}
+
+
+def hf_marian_tensors(tensors: dict[str, np.ndarray],
+                      config: TransformerConfig) -> dict[str, np.ndarray]:
+    """Our torch-named tensors -> MarianMTModel's state dict, the keys save_pretrained
+    writes: no sinusoid tables, no tied copies (for shared but untied embeddings,
+    transformers keeps three tables, so all three are written)."""
+    out: dict[str, np.ndarray] = {}
+    if config.share_embeddings:
+        table = tensors["shared_embed.weight"]
+        out["model.shared.weight"] = table
+        if not config.tie_output:
+            out["model.encoder.embed_tokens.weight"] = table
+            out["model.decoder.embed_tokens.weight"] = table
+    else:
+        table = tensors["tgt_embed.weight"]
+        out["model.encoder.embed_tokens.weight"] = tensors["src_embed.weight"]
+        out["model.decoder.embed_tokens.weight"] = table
+    for hf_name, ours in marian_layer_modules(config):
+        for leaf in ("weight", "bias"):
+            out[f"model.{hf_name}.{leaf}"] = tensors[f"{ours}.{leaf}"]
+    if config.tie_output:
+        bias = tensors.get("output_bias")
+    else:
+        out["lm_head.weight"] = tensors["output_projection.weight"]
+        bias = tensors.get("output_projection.bias")
+    if bias is None:  # no output bias: Marian's always-present bias is zero
+        bias = np.zeros((config.tgt_vocab_size,), table.dtype)
+    out["final_logits_bias"] = bias.reshape(1, -1)
+    return out
+
+
+def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[TransformerConfig, str]:
+    """Write `src_dir` (our checkpoint directory) as a Marian directory; returns the
+    config and how the tokenizer was written ("copied", "converted" or "none")."""
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    try:
+        config, tensors = checkpoint_dir.load_dir(src_dir)
+    except checkpoint_dir.CheckpointError as e:
+        raise PortError(str(e)) from e
+    dtype = str(next(iter(tensors.values())).dtype)
+    hf_config = hf_marian_config(config, dtype)  # refusals come before anything is written
+    hf = hf_marian_tensors(tensors, config)
+    marian_files = MarianTokenizer.is_present(src_dir)
+    vocab = None if marian_files else _vocab_from_sentencepiece(src_dir, config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.ascontiguousarray(v) for k, v in hf.items()}
+    checkpoint_dir.write_atomically(out_dir / "model.safetensors", lambda p: safetensors.numpy
+                                    .save_file(arrays, p, metadata={"format": "pt"}))
+    _write_json(out_dir / "config.json", hf_config)
+    _write_json(out_dir / "generation_config.json", hf_generation_config(config))
+    if marian_files:
+        for name in MARIAN_TOKENIZER_FILES:
+            if (src_dir / name).is_file():
+                checkpoint_dir.write_atomically(
+                    out_dir / name, lambda p, name=name: shutil.copyfile(src_dir / name, p))
+        return config, "copied"
+    if vocab is None:
+        return config, "none"
+    for name in ("source.spm", "target.spm"):
+        checkpoint_dir.write_atomically(out_dir / name, lambda p: shutil.copyfile(
+            src_dir / checkpoint_dir.TOKENIZER_FILE, p))
+    _write_json(out_dir / "vocab.json", vocab)
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "MarianTokenizer", "pad_token": "<pad>", "eos_token": "</s>",
+        "unk_token": "<unk>", "separate_vocabs": False, "model_max_length": config.max_len})
+    MarianTokenizer(out_dir).check_fits(config)
+    return config, "converted"
+
+
+def _vocab_from_sentencepiece(src_dir: Path, config: TransformerConfig) -> dict[str, int] | None:
+    """vocab.json for our tokenizer.model: piece -> id (our ids are SentencePiece's),
+    with Marian's names for the pad, end and unknown pieces; None without a tokenizer."""
+    path = checkpoint_dir.tokenizer_path(src_dir)
+    if path is None:
+        return None
+    from transformer_core.tokenizer import Tokenizer
+    sp = Tokenizer(path).sp
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    if len(pieces) > min(config.src_vocab_size, config.tgt_vocab_size):
+        raise PortError(f"{path} has {len(pieces)} pieces, the model's vocabulary "
+                        f"{config.src_vocab_size}/{config.tgt_vocab_size}")
+    for name, ours, theirs in (("<pad>", config.pad_id, sp.pad_id()),
+                               ("</s>", config.eos_id, sp.eos_id()),
+                               ("<unk>", sp.unk_id(), sp.unk_id())):
+        if ours != theirs:
+            raise PortError(f"{path} has {name} at id {theirs}, the model at {ours}")
+        pieces[ours] = name
+    if len(set(pieces)) != len(pieces):
+        raise PortError(f"{path} names two pieces alike, so vocab.json cannot map them")
+    return {piece: i for i, piece in enumerate(pieces)}
+
+
+def _write_json(path: Path, values: dict) -> None:
+    checkpoint_dir.write_atomically(path, lambda p: p.write_text(
+        json.dumps(values, indent=2, sort_keys=True, ensure_ascii=False) + "\n"))
