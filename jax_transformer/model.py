@@ -24,7 +24,7 @@ from jax_transformer.kernels.layer_norm import LayerNorm
 from jax_transformer.kernels.linear import Linear
 from jax_transformer.masks import causal_mask, padding_mask
 from transformer_core.config import TransformerConfig
-from transformer_core.positions import sinusoidal_positions
+from transformer_core.positions import position_rows
 
 
 def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: bool = True):
@@ -259,8 +259,7 @@ class Transformer(nnx.Module):
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        table_pe = jnp.asarray(sinusoidal_positions(self.config.max_len, self.config.d_model,
-                                                    self.config.position_layout), x.dtype)
+        table_pe = jnp.asarray(position_rows(self.config), x.dtype)  # (max_len, D)
         pe = table_pe[: ids.shape[1]] if positions is None else table_pe[positions]  # (L|B, L, D)
         return self.embed_dropout(x + pe)
 
@@ -268,8 +267,7 @@ class Transformer(nnx.Module):
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        positions = sinusoidal_positions(self.config.max_len, self.config.d_model,
-                                         self.config.position_layout)  # (max_len, D)
+        positions = position_rows(self.config)  # (max_len, D)
         row = jax.lax.dynamic_slice_in_dim(jnp.asarray(positions, x.dtype), position, 1)  # (1, D)
         return self.embed_dropout(x + row)
 

@@ -45,8 +45,9 @@ def torch_copy(model, dtype=torch.float32):
 # ------------------------------------------------------- cache vs recompute
 
 @pytest.mark.parametrize("variant", [dict(), dict(pre_norm=True, final_norm=True,
-                                                  share_embeddings=False, tie_output=False)],
-                         ids=["post_norm", "pre_norm_final_norm"])
+                                                  share_embeddings=False, tie_output=False),
+                                     dict(position_layout="fairseq", position_offset=2)],
+                         ids=["post_norm", "pre_norm_final_norm", "fairseq_offset"])
 def test_cached_step_logits_equal_full_recompute(variant):
     config = CONFIG.replace(**variant)
     model = nnx.view(Transformer(config, rngs=nnx.Rngs(0)), deterministic=True)

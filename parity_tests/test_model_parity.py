@@ -38,7 +38,8 @@ def run_both(flax_model, torch_model, src, tgt, pad_id=0):
 
 @pytest.mark.parametrize("batch", fast_tier(["padded", "batch1", "len1"], fast={"padded"}))
 @pytest.mark.parametrize("name", fast_tier(list(CONFIGS), fast={  # one per weight-mapping case
-    "pre_ln_final_norm", "untied_bias", "tied_bias", "unshared", "odd_width_half_split"}))
+    "pre_ln_final_norm", "untied_bias", "tied_bias", "unshared", "odd_width_half_split",
+    "m2m100_like"}))
 def test_forward_float32(name, batch, direction):
     config = CONFIGS[name]
     src, tgt = make_batches(config)[batch]
@@ -56,7 +57,8 @@ def test_forward_float32(name, batch, direction):
 
 @pytest.mark.parametrize("name", fast_tier(["post_ln", "pre_ln_final_norm", "untied_bias", "gelu",
                                             "silu_half_split", "odd_width", "three_layers",
-                                            "unshared"], fast={"post_ln", "unshared"}))
+                                            "unshared", "fsmt_like", "odd_width_fairseq"],
+                                           fast={"post_ln", "unshared"}))
 def test_forward_float64(name, direction):
     config = CONFIGS[name]
     src, tgt = make_batches(config)["padded"]

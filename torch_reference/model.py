@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
-from transformer_core.positions import sinusoidal_positions
+from transformer_core.positions import position_rows
 from torch_reference.masks import causal_mask, padding_mask
 
 
@@ -269,9 +269,8 @@ class Transformer(nn.Module):
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        table_pe = torch.tensor(sinusoidal_positions(self.config.max_len, self.config.d_model,
-                                                     self.config.position_layout),
-                                dtype=x.dtype, device=x.device)  # (max_len, D)
+        table_pe = torch.tensor(position_rows(self.config), dtype=x.dtype,
+                                device=x.device)  # (max_len, D)
         pe = table_pe[: ids.shape[1]] if positions is None else table_pe[positions]  # (L|B, L, D)
         return self.embed_dropout(x + pe)
 
@@ -279,8 +278,7 @@ class Transformer(nn.Module):
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        positions = sinusoidal_positions(self.config.max_len, self.config.d_model,
-                                         self.config.position_layout)  # (max_len, D)
+        positions = position_rows(self.config)  # (max_len, D)
         row = torch.tensor(positions[position:position + 1], dtype=x.dtype, device=x.device)  # (1, D)
         return self.embed_dropout(x + row)
 

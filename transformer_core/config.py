@@ -39,7 +39,8 @@ class TransformerConfig:
     activation: Literal["relu", "gelu", "silu"] = "relu"
     layer_norm_eps: float = 1e-5
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
-    position_layout: Literal["interleaved", "half_split"] = "interleaved"
+    position_layout: Literal["interleaved", "half_split", "fairseq"] = "interleaved"
+    position_offset: int = 0  # position p reads row p + offset (fairseq: pad_id + 1)
     share_embeddings: bool = True  # one table for source and target tokens
     tie_output: bool = True  # pre-softmax projection = target embedding^T
     output_bias: bool = False  # bias on the pre-softmax projection
@@ -65,6 +66,11 @@ class TransformerConfig:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not self.layer_norm_eps > 0:
             raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if self.position_offset < 0:
+            raise ConfigError(f"position_offset must be >= 0, got {self.position_offset!r}")
+        if self.position_layout == "fairseq" and self.d_model < 4:
+            raise ConfigError("position_layout 'fairseq' needs d_model >= 4 (its frequencies "
+                              f"divide by d_model // 2 - 1), got d_model {self.d_model}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "

@@ -22,6 +22,8 @@ from transformer_core.config import ConfigError, TransformerConfig
     (dict(pad_id=8000), "pad_id"),
     (dict(eos_id=-1), "eos_id"),
     (dict(max_len=0), "max_len"),
+    (dict(position_offset=-1), "position_offset"),
+    (dict(position_layout="fairseq", d_model=3, num_heads=1), "d_model >= 4"),
 ])
 def test_invalid_values_name_the_field(changes, field):
     with pytest.raises(ConfigError, match=field):
@@ -30,7 +32,8 @@ def test_invalid_values_name_the_field(changes, field):
 
 def test_json_round_trip(tmp_path):
     config = TransformerConfig(pre_norm=True, final_norm=True, activation="gelu",
-                               position_layout="half_split", share_embeddings=False,
+                               position_layout="fairseq", position_offset=2,
+                               share_embeddings=False,
                                tgt_vocab_size=123, tie_output=False, output_bias=True)
     config.to_json(tmp_path / "config.json")
     assert TransformerConfig.from_json(tmp_path / "config.json") == config
@@ -65,7 +68,8 @@ def test_unknown_field_and_bad_json(tmp_path):
     ("layer_norm_eps", None, "a number"),
     ("dropout", False, "a number"),
     ("activation", 1, "one of 'relu', 'gelu', 'silu'"),
-    ("position_layout", None, "one of 'interleaved', 'half_split'"),
+    ("position_layout", None, "one of 'interleaved', 'half_split', 'fairseq'"),
+    ("position_offset", 2.0, "an integer"),
 ])
 def test_every_field_is_type_checked(field, value, expected):
     with pytest.raises(ConfigError) as info:
