@@ -3,6 +3,7 @@ into Hugging Face Marian.
 
     reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
     marian.py            Hugging Face Marian / opus-mt
+    fairseq.py           Hugging Face FSMT (fairseq WMT19) and M2M100 (also NLLB dense)
     marian_tokenizer.py  Marian's source.spm / target.spm + vocab.json
     torch_nn.py          models wrapping torch.nn.Transformer
     ours.py              torch_reference state dicts and train.py's orbax checkpoints
@@ -18,6 +19,8 @@ sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field.
 """
 
 from jax_transformer.port.cli import SOURCES, main
+from jax_transformer.port.fairseq import (convert_hf_fsmt, convert_hf_m2m100, fsmt_config,
+                                          fsmt_tensors, m2m100_config, m2m100_tensors)
 from jax_transformer.port.hf_export import (TARGETS, export_hf_marian, hf_marian_config,
                                             hf_marian_tensors)
 from jax_transformer.port.marian import convert_hf_marian, marian_config, marian_tensors
@@ -28,7 +31,8 @@ from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_t
                                            torch_nn_transformer_tensors)
 
 __all__ = ["MarianTokenizer", "PortError", "SOURCES", "TARGETS", "TORCH_NN_DEFAULTS",
-           "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_transformer",
-           "convert_torch_reference", "export_hf_marian", "hf_marian_config",
-           "hf_marian_tensors", "main", "marian_config", "marian_tensors", "read_weights",
-           "torch_nn_transformer_tensors"]
+           "convert_hf_fsmt", "convert_hf_m2m100", "convert_hf_marian", "convert_jax_orbax",
+           "convert_torch_nn_transformer", "convert_torch_reference", "export_hf_marian",
+           "fsmt_config", "fsmt_tensors", "hf_marian_config", "hf_marian_tensors",
+           "m2m100_config", "m2m100_tensors", "main", "marian_config", "marian_tensors",
+           "read_weights", "torch_nn_transformer_tensors"]

@@ -2,6 +2,8 @@
 (--to) one of ours into another format.
 
     python -m jax_transformer.port --from hf-marian          SRC_DIR   OUT_DIR
+    python -m jax_transformer.port --from hf-fsmt            SRC_DIR   OUT_DIR   (fairseq WMT19)
+    python -m jax_transformer.port --from hf-m2m100          SRC_DIR   OUT_DIR   (M2M100, NLLB dense)
     python -m jax_transformer.port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
     python -m jax_transformer.port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
     python -m jax_transformer.port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
@@ -13,13 +15,15 @@ from __future__ import annotations
 import argparse
 
 from jax_transformer import cli
+from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import TARGETS, export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
                                            read_mapping)
 
-SOURCES = ("hf-marian", "torch-nn-transformer", "torch-reference", "jax-orbax")
+SOURCES = ("hf-marian", "hf-fsmt", "hf-m2m100", "torch-nn-transformer", "torch-reference",
+           "jax-orbax")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +82,10 @@ def convert(argv: list[str] | None = None) -> int:
         return 0
     if args.source == "hf-marian":
         config = convert_hf_marian(args.src, args.out)
+    elif args.source == "hf-fsmt":
+        config = convert_hf_fsmt(args.src, args.out)
+    elif args.source == "hf-m2m100":
+        config = convert_hf_m2m100(args.src, args.out)
     elif args.source == "torch-nn-transformer":
         spec = read_mapping(args.mapping) if args.mapping else {}
         for name in TORCH_NN_DEFAULTS:

@@ -1,0 +1,243 @@
+"""Hugging Face FSMT and M2M100 (fairseq's translation models) -> our checkpoint directory.
+
+FSMT (FSMTForConditionalGeneration: fairseq's WMT19 models) is post-LN with
+separate source/target vocabularies and an output projection without bias,
+tied to the target embedding (and the vocabularies shared) only under
+tie_word_embeddings. M2M100 (M2M100ForConditionalGeneration, which NLLB's
+dense models also use) is pre-LN with a LayerNorm after each stack and one
+vocabulary (language codes are ordinary tokens), lm_head tied to it. Both scale
+embeddings by sqrt(d_model), start decoding with eos (decoder_start_token_id)
+and add fairseq's sinusoids from row pad_id + 1 on: position_layout "fairseq",
+position_offset pad_id + 1. Stored position tables are checked, not copied.
+
+fairseq numbers positions by counting non-pad tokens: a pad gets the (zero)
+pad row, and left padding shifts the positions. Ours are indices, equal at
+every real token of a right-padded row; pads differ, but they are masked.
+Tokenizer files are not converted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from jax_transformer.port.marian import _read_hf_weights
+from jax_transformer.port.reading import PortError, TensorConsumer, read_json_object
+from transformer_core import checkpoint_dir
+from transformer_core.config import ConfigError, TransformerConfig
+from transformer_core.positions import sinusoidal_positions
+
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+# transformers computes fairseq's table in float32: the angle's rounding error grows
+# with the row, ~1.2e-7 * row (7e-5 at row 1025); a wrong formula is off by O(1).
+POSITION_TOLERANCE_PER_ROW = 2.0 ** -22
+
+
+# ------------------------------------------------------------------ configs
+
+def fsmt_config(hf: Mapping[str, Any]) -> TransformerConfig:
+    """Map a Hugging Face FSMTConfig (config.json as a dict) to ours, or raise PortError."""
+    get, require = _reader(hf, "FSMT")
+    tie = bool(get("tie_word_embeddings", False))
+    src, tgt = get("src_vocab_size", 42024), get("tgt_vocab_size", 42024)
+    # tie_word_embeddings ties the encoder's table and the output projection to the decoder's.
+    require(not tie or src == tgt,
+            f"tie_word_embeddings with src_vocab_size {src} != tgt_vocab_size {tgt}")
+    return _config(hf, "FSMT", "fsmt", ("FSMTForConditionalGeneration", "FSMTModel"),
+                   src_vocab_size=src, tgt_vocab_size=tgt, pre_norm=False, final_norm=False,
+                   share_embeddings=tie, tie_output=tie)
+
+
+def m2m100_config(hf: Mapping[str, Any]) -> TransformerConfig:
+    """Map a Hugging Face M2M100Config (M2M100, NLLB dense) to ours, or raise PortError."""
+    get, _ = _reader(hf, "M2M100")
+    tie = bool(get("tie_word_embeddings", True))
+    vocab = get("vocab_size", 128112)
+    # Untied, M2M100 has separate encoder/decoder tables (`shared` unused) and lm_head.
+    return _config(hf, "M2M100", "m2m_100",
+                   ("M2M100ForConditionalGeneration", "M2M100Model"),
+                   src_vocab_size=vocab, tgt_vocab_size=vocab, pre_norm=True, final_norm=True,
+                   share_embeddings=tie, tie_output=tie)
+
+
+def _reader(hf: Mapping[str, Any], family: str) -> tuple[Callable, Callable]:
+    def get(name, default=None):
+        value = hf.get(name, default)
+        return default if value is None else value
+
+    def require(condition, message):
+        if not condition:
+            raise PortError(f"unsupported {family} config: {message}")
+    return get, require
+
+
+def _config(hf, family: str, model_type: str, architectures: tuple[str, ...],
+            **fields) -> TransformerConfig:
+    """What FSMT and M2M100 share; defaults are transformers' (both classes agree)."""
+    get, require = _reader(hf, family)
+    require(get("model_type") == model_type,
+            f"model_type is {hf.get('model_type')!r}, not {model_type!r}")
+    archs = get("architectures", [])
+    require(all(a in architectures for a in archs),
+            f"architectures {archs} (expected {' or '.join(architectures)})")
+    act = get("activation_function", "relu")
+    require(act in ACTIVATIONS, f"activation_function {act!r}; supported: "
+            f"{sorted(ACTIVATIONS)} (gelu means exact erf GELU)")
+    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"),
+                     ("encoder_ffn_dim", "decoder_ffn_dim")):
+        require(get(enc, 16) == get(dec, 16), f"{enc} {get(enc)} != {dec} {get(dec)}")
+    pad = get("pad_token_id", 1)
+    eos = get("eos_token_id", 2)
+    if isinstance(eos, list):
+        require(len(eos) == 1, f"eos_token_id {eos} (one end token expected)")
+        eos = eos[0]
+    start = get("decoder_start_token_id", 2)
+    require(start != pad, f"decoder_start_token_id {start} equals pad_token_id: fairseq "
+            "positions skip pad tokens, which ours (indices) cannot express")
+    dropout = float(get("dropout", 0.1))
+    for name in ("attention_dropout", "activation_dropout", "encoder_layerdrop",
+                 "decoder_layerdrop"):
+        if float(get(name, 0.0)) not in (0.0, dropout):
+            warnings.warn(f"{family} {name}={hf[name]} is not expressed (our model uses one "
+                          f"dropout rate, {dropout}); this affects training only", stacklevel=3)
+    try:
+        return TransformerConfig(
+            d_model=get("d_model", 1024), num_heads=get("encoder_attention_heads", 16),
+            d_ff=get("encoder_ffn_dim", 4096), num_encoder_layers=get("encoder_layers", 12),
+            num_decoder_layers=get("decoder_layers", 12), dropout=dropout,
+            max_len=get("max_position_embeddings", 1024), pad_id=pad, bos_id=start, eos_id=eos,
+            activation=ACTIVATIONS[act], layer_norm_eps=1e-5,  # torch's default; not configurable
+            scale_embeddings=bool(get("scale_embedding", True)), position_layout="fairseq",
+            position_offset=pad + 1, output_bias=False, **fields)
+    except ConfigError as e:
+        raise PortError(f"{family} config maps to an invalid config: {e}") from e
+
+
+# ------------------------------------------------------------------ tensors
+
+def fsmt_tensors(hf_tensors: Mapping[str, np.ndarray],
+                 config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF FSMTForConditionalGeneration / FSMTModel state dict -> our torch-named tensors."""
+    c, out = _consumer(hf_tensors, "FSMT state dict")
+    if config.share_embeddings:  # tie_word_embeddings: one table, stored once or thrice
+        out["shared_embed.weight"] = _one_table(c, "decoder.embed_tokens.weight",
+                                                "encoder.embed_tokens.weight",
+                                                "decoder.output_projection.weight")
+    else:
+        out["src_embed.weight"] = c.take("encoder.embed_tokens.weight")
+        out["tgt_embed.weight"] = c.take("decoder.embed_tokens.weight")
+        out["output_projection.weight"] = c.take("decoder.output_projection.weight")
+    _layers(c, out, config)
+    for stack in ("encoder", "decoder"):
+        _check_positions(c, f"{stack}.embed_positions.weight", config)
+    c.check_all_used()
+    return out
+
+
+def m2m100_tensors(hf_tensors: Mapping[str, np.ndarray],
+                   config: TransformerConfig) -> dict[str, np.ndarray]:
+    """HF M2M100ForConditionalGeneration / M2M100Model state dict -> our torch-named tensors."""
+    c, out = _consumer(hf_tensors, "M2M100 state dict")
+    if config.share_embeddings:
+        out["shared_embed.weight"] = _one_table(c, "shared.weight", "encoder.embed_tokens.weight",
+                                                "decoder.embed_tokens.weight", "lm_head.weight")
+    else:
+        out["src_embed.weight"] = c.take("encoder.embed_tokens.weight")
+        out["tgt_embed.weight"] = c.take("decoder.embed_tokens.weight")
+        out["output_projection.weight"] = c.take("lm_head.weight")
+        if "shared.weight" in c:
+            c.ignore("shared.weight")  # read by neither stack when untied
+    _layers(c, out, config)
+    for stack in ("encoder", "decoder"):
+        _linear(c, out, f"{stack}.layer_norm", f"{stack}.final_norm")
+        _check_positions(c, f"{stack}.embed_positions.weights", config)  # older files store it
+    c.check_all_used()
+    return out
+
+
+def _consumer(hf_tensors, source: str) -> tuple[TensorConsumer, dict[str, np.ndarray]]:
+    # ...ForConditionalGeneration prefixes the body with "model."; the bare model does not.
+    body = {(k[len("model."):] if k.startswith("model.") else k): v
+            for k, v in hf_tensors.items()}
+    return TensorConsumer(body, source), {}
+
+
+def _linear(c: TensorConsumer, out: dict, hf_name: str, ours: str) -> None:
+    out[f"{ours}.weight"] = c.take(f"{hf_name}.weight")
+    out[f"{ours}.bias"] = c.take(f"{hf_name}.bias")
+
+
+def _layers(c: TensorConsumer, out: dict, config: TransformerConfig) -> None:
+    """Every encoder/decoder layer: the names FSMT, M2M100 (and Marian) share."""
+    def attention(hf_name, ours):
+        for hf_proj, our_proj in (("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v"),
+                                  ("out_proj", "W_o")):
+            _linear(c, out, f"{hf_name}.{hf_proj}", f"{ours}.{our_proj}")
+
+    for stack, n in (("encoder", config.num_encoder_layers),
+                     ("decoder", config.num_decoder_layers)):
+        for i in range(n):
+            p = f"{stack}.layers.{i}"
+            attention(f"{p}.self_attn", f"{p}.self_attn")
+            _linear(c, out, f"{p}.self_attn_layer_norm", f"{p}.self_attn_norm")
+            if stack == "decoder":
+                attention(f"{p}.encoder_attn", f"{p}.cross_attn")
+                _linear(c, out, f"{p}.encoder_attn_layer_norm", f"{p}.cross_attn_norm")
+            _linear(c, out, f"{p}.fc1", f"{p}.ffn.W_1")
+            _linear(c, out, f"{p}.fc2", f"{p}.ffn.W_2")
+            _linear(c, out, f"{p}.final_layer_norm", f"{p}.ffn_norm")
+
+
+def _one_table(c: TensorConsumer, *candidates: str) -> np.ndarray:
+    """A tied table: whichever copies are stored must be equal (transformers 5 unties
+    copies that differ, so the config would not describe the checkpoint)."""
+    present = [k for k in candidates if k in c]
+    if not present:
+        raise PortError(f"{c.source} has none of {', '.join(candidates)}")
+    table = c.take(present[0])
+    for k in present[1:]:
+        if not np.array_equal(c.take(k), table):
+            raise PortError(f"{k} differs from {present[0]}, but tie_word_embeddings says "
+                            "they are one tied table")
+    return table
+
+
+def _check_positions(c: TensorConsumer, key: str, config: TransformerConfig) -> None:
+    """A stored table must be fairseq's (pad row zero); ours is computed, not copied."""
+    if key not in c:
+        return
+    table = np.asarray(c.take(key), np.float64)
+    if table.ndim != 2 or table.shape[1] != config.d_model:
+        raise PortError(f"{key} has shape {table.shape}, expected (rows, {config.d_model})")
+    ours = sinusoidal_positions(table.shape[0], config.d_model, "fairseq").copy()
+    if config.pad_id < table.shape[0]:
+        ours[config.pad_id] = 0.0
+    diff = np.abs(table - ours).max(axis=1)  # (rows,)
+    bad = np.flatnonzero(diff > 1e-6 + POSITION_TOLERANCE_PER_ROW * np.arange(len(diff)))
+    if bad.size:
+        raise PortError(f"{key} is not fairseq's sinusoid table (row {bad[0]}: max |diff| "
+                        f"{diff[bad[0]]:.3g}); learned position embeddings are not supported")
+
+
+# ------------------------------------------------------------------ directories
+
+def convert_hf_fsmt(src_dir: str | Path, out_dir: str | Path) -> TransformerConfig:
+    return _convert(src_dir, out_dir, "FSMT", fsmt_config, fsmt_tensors)
+
+
+def convert_hf_m2m100(src_dir: str | Path, out_dir: str | Path) -> TransformerConfig:
+    return _convert(src_dir, out_dir, "M2M100", m2m100_config, m2m100_tensors)
+
+
+def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> TransformerConfig:
+    src_dir = Path(src_dir)
+    if not (src_dir / "config.json").is_file():
+        raise PortError(f"{src_dir} has no config.json (expected a Hugging Face {family} "
+                        "directory)")
+    config = make_config(read_json_object(src_dir / "config.json"))
+    tensors = make_tensors(_read_hf_weights(src_dir), config)
+    checkpoint_dir.save_dir(out_dir, config, tensors)
+    return config
