@@ -152,9 +152,6 @@ def test_float32_logits_and_greedy(tmp_path, case):
     family, variant = case.split("/")
     model, src_dir = make_model(tmp_path, family, **FAMILIES[family]["variants"][variant])
     config = convert(family, src_dir, tmp_path / "ours")
-    assert (config.position_layout, config.position_offset, config.pad_id, config.bos_id,
-            config.eos_id) == ("fairseq", PAD + 1, PAD, EOS, EOS)
-    assert (config.pre_norm, config.final_norm) == ((family == "m2m100"),) * 2
     flax_model, torch_model, src = assert_logits_match(model, family, tmp_path / "ours",
                                                        "float32", 1e-4)
     want, want_scores = hf_greedy(model, src, max_len=10)
@@ -162,6 +159,9 @@ def test_float32_logits_and_greedy(tmp_path, case):
                            torch_decoding.greedy_search(torch_model, to_torch(src), max_len=10)):
         np.testing.assert_array_equal(to_numpy(tokens), want)
         assert np.abs(to_numpy(scores) - want_scores).max() <= 1e-4
+    assert (config.position_layout, config.position_offset, config.pad_id, config.bos_id,
+            config.eos_id) == ("fairseq", PAD + 1, PAD, EOS, EOS)
+    assert (config.pre_norm, config.final_norm) == ((family == "m2m100"),) * 2
 
 
 def exact_tables_(model, family: str) -> None:
