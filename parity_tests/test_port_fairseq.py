@@ -218,6 +218,7 @@ def test_stored_position_table_is_checked(tmp_path, capsys):
     ("fsmt", dict(tie_word_embeddings=True), "tie_word_embeddings"),  # vocabularies differ
     ("fsmt", dict(model_type="bart"), "model_type"),
     ("fsmt", dict(decoder_start_token_id=PAD), "decoder_start_token_id"),
+    ("fsmt", dict(pad_token_id="1"), "pad_token_id"),
     ("m2m100", dict(activation_function="gelu_new"), "activation_function"),
     ("m2m100", dict(encoder_ffn_dim=48), "encoder_ffn_dim"),
     ("m2m100", dict(architectures=["NllbMoeForConditionalGeneration"]), "architectures"),

@@ -90,6 +90,7 @@ def _config(hf, family: str, model_type: str, architectures: tuple[str, ...],
                      ("encoder_ffn_dim", "decoder_ffn_dim")):
         require(get(enc, 16) == get(dec, 16), f"{enc} {get(enc)} != {dec} {get(dec)}")
     pad = get("pad_token_id", 1)
+    require(type(pad) is int, f"pad_token_id {pad!r} is not an integer")  # offset = pad + 1
     eos = get("eos_token_id", 2)
     if isinstance(eos, list):
         require(len(eos) == 1, f"eos_token_id {eos} (one end token expected)")
