@@ -190,7 +190,8 @@ def test_float64_logits(tmp_path, monkeypatch, family):
         assert_logits_match(model, family, tmp_path / "ours", "float64", 1e-10)
 
 
-@pytest.mark.parametrize("family", fast_tier(list(FAMILIES), fast={"m2m100"}))
+@pytest.mark.slow  # 16 s; the fast tier's m2m100_like model parity covers the same ground
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_parity_report_passes_on_converted_model(tmp_path, family, capsys):
     _, src_dir = make_model(tmp_path, family)
     convert(family, src_dir, tmp_path / "ours")
