@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jax_transformer.port.marian import _read_hf_weights
+from jax_transformer.port.marian import _read_hf_weights, marian_layer_modules
 from jax_transformer.port.reading import PortError, TensorConsumer, read_json_object
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
@@ -172,24 +172,9 @@ def _linear(c: TensorConsumer, out: dict, hf_name: str, ours: str) -> None:
 
 
 def _layers(c: TensorConsumer, out: dict, config: TransformerConfig) -> None:
-    """Every encoder/decoder layer: the names FSMT, M2M100 (and Marian) share."""
-    def attention(hf_name, ours):
-        for hf_proj, our_proj in (("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v"),
-                                  ("out_proj", "W_o")):
-            _linear(c, out, f"{hf_name}.{hf_proj}", f"{ours}.{our_proj}")
-
-    for stack, n in (("encoder", config.num_encoder_layers),
-                     ("decoder", config.num_decoder_layers)):
-        for i in range(n):
-            p = f"{stack}.layers.{i}"
-            attention(f"{p}.self_attn", f"{p}.self_attn")
-            _linear(c, out, f"{p}.self_attn_layer_norm", f"{p}.self_attn_norm")
-            if stack == "decoder":
-                attention(f"{p}.encoder_attn", f"{p}.cross_attn")
-                _linear(c, out, f"{p}.encoder_attn_layer_norm", f"{p}.cross_attn_norm")
-            _linear(c, out, f"{p}.fc1", f"{p}.ffn.W_1")
-            _linear(c, out, f"{p}.fc2", f"{p}.ffn.W_2")
-            _linear(c, out, f"{p}.final_layer_norm", f"{p}.ffn_norm")
+    """Every encoder/decoder layer: FSMT and M2M100 use Marian's (BART's) module names."""
+    for hf_name, ours in marian_layer_modules(config):
+        _linear(c, out, hf_name, ours)
 
 
 def _one_table(c: TensorConsumer, *candidates: str) -> np.ndarray:
