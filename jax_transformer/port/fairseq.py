@@ -24,13 +24,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jax_transformer.port.marian import _read_hf_weights, marian_layer_modules
-from jax_transformer.port.reading import PortError, TensorConsumer, read_json_object
+# transformers' activation names and BART's layer names are Marian's.
+from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
+from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
+                                          read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 
-ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
 # transformers computes fairseq's table in float32: the angle's rounding error grows
 # with the row, ~1.2e-7 * row (7e-5 at row 1025); a wrong formula is off by O(1).
 POSITION_TOLERANCE_PER_ROW = 2.0 ** -22
@@ -224,6 +225,6 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> Transf
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face {family} "
                         "directory)")
     config = make_config(read_json_object(src_dir / "config.json"))
-    tensors = make_tensors(_read_hf_weights(src_dir), config)
+    tensors = make_tensors(read_hf_weights(src_dir), config)
     checkpoint_dir.save_dir(out_dir, config, tensors)
     return config

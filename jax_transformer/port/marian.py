@@ -17,8 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from jax_transformer.port.marian_tokenizer import MarianTokenizer
-from jax_transformer.port.reading import (PortError, TensorConsumer, read_json_object,
-                                          read_weights)
+from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
+                                          read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
@@ -185,7 +185,7 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face Marian directory)")
     config = marian_config(read_json_object(src_dir / "config.json"))
-    tensors = marian_tensors(_read_hf_weights(src_dir), config)
+    tensors = marian_tensors(read_hf_weights(src_dir), config)
     checkpoint_dir.save_dir(out_dir, config, tensors)
     copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
     for name in copied:
@@ -194,20 +194,3 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
         MarianTokenizer(out_dir).check_fits(config)
     return config
 
-
-def _read_hf_weights(src_dir: Path) -> dict[str, np.ndarray]:
-    if (src_dir / "model.safetensors").is_file():
-        return read_weights(src_dir / "model.safetensors")
-    index = src_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json_object(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise PortError(f"{index} has no weight_map object")
-        tensors = {}
-        for shard in sorted(set(weight_map.values())):
-            tensors.update(read_weights(src_dir / shard))
-        return tensors
-    if (src_dir / "pytorch_model.bin").is_file():
-        return read_weights(src_dir / "pytorch_model.bin")
-    raise PortError(f"{src_dir} has no model.safetensors, model.safetensors.index.json "
-                    "or pytorch_model.bin")

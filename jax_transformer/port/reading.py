@@ -1,4 +1,5 @@
-"""Reading source weights: safetensors, or torch pickles opened safely.
+"""Reading source weights: safetensors (a file, or a Hugging Face directory and its
+shards), or torch pickles opened safely.
 
 Pickles are read with `torch.load(weights_only=True)`, so a checkpoint cannot
 run code; safetensors need no torch at all. A file that cannot be read (cut
@@ -125,3 +126,23 @@ class TensorConsumer:
         if left:
             raise PortError(f"{self.source} has tensors this converter does not understand: "
                             f"{listing(left)}{hint}")
+
+
+def read_hf_weights(src_dir: Path) -> dict[str, np.ndarray]:
+    """A Hugging Face model directory's weights: model.safetensors, its shards, or
+    pytorch_model.bin."""
+    if (src_dir / "model.safetensors").is_file():
+        return read_weights(src_dir / "model.safetensors")
+    index = src_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise PortError(f"{index} has no weight_map object")
+        tensors = {}
+        for shard in sorted(set(weight_map.values())):
+            tensors.update(read_weights(src_dir / shard))
+        return tensors
+    if (src_dir / "pytorch_model.bin").is_file():
+        return read_weights(src_dir / "pytorch_model.bin")
+    raise PortError(f"{src_dir} has no model.safetensors, model.safetensors.index.json "
+                    "or pytorch_model.bin")
