@@ -191,6 +191,13 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
         state, data_state = checkpointer.restore_newest_intact(state, warn=log)
         set_data_position(batches, data_state, data_settings, int(state.step))
         log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
+    start_step = int(state.step)
+    # Opened before compiling, so that once "compiled in" is printed a stop is deferred
+    # to the end of a step (and saved) without a gap.
+    workdir = Path(settings.workdir)
+    metrics_log = MetricsLog(workdir / METRICS_FILE, start_step, enabled=jax.process_index() == 0,
+                             tensorboard=workdir / TENSORBOARD_DIR if settings.tensorboard
+                             else None)
     programs = trainer.programs(state, data["train"].shapes(), settings.accumulate)
     with cli.signal_handlers(cli.exit_at_once(
             f"stopped while compiling, before step {int(state.step) + 1}; saved checkpoints "
@@ -198,20 +205,15 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
         log(f"compiling {len(programs)} programs ahead of time ("
             + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
         ahead_seconds = compiling.compile_ahead(programs, log)
-    compiled = compiling.CompileCounter.since(compiled_before)
-    log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
-        f"{compiled['cache_hits']} loaded from the cache")
-    start_step = int(state.step)
     real_tokens = 0
-    workdir = Path(settings.workdir)
-    metrics_log = MetricsLog(workdir / METRICS_FILE, start_step, enabled=jax.process_index() == 0,
-                             tensorboard=workdir / TENSORBOARD_DIR if settings.tensorboard
-                             else None)
     started = time.time()
     last_saved = start_step if resuming else None
     progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                     disable=settings.quiet or jax.process_index() != 0, dynamic_ncols=True)
     with interrupts.deferred_stops() as stops, progress, contextlib.closing(metrics_log):
+        compiled = compiling.CompileCounter.since(compiled_before)  # said once stops are deferred
+        log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
+            f"{compiled['cache_hits']} loaded from the cache")
         if start_step < settings.steps:  # at the first step these programs train
             metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
         while int(state.step) < settings.steps and not stops.agreed():

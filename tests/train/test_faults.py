@@ -109,7 +109,8 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
             process.wait_for("compiled in")
             time.sleep(rng.uniform(0, 3))
         process.send(signum)
-        if rng.random() < 0.3:
+        once = rng.random() >= 0.3
+        if not once:
             time.sleep(rng.uniform(0, 0.3))
             process.send(signum)
         code = process.finish()
@@ -117,6 +118,8 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
         assert code == 128 + signum, process.stderr[-3000:]
         assert "Traceback" not in process.stderr, process.stderr[-3000:]
         assert last_line.startswith(signal.Signals(signum).name + ": "), last_line
+        if moment >= 0.35 and once:  # "compiled in" is said once stops wait for the step
+            assert " saved step " in last_line, last_line
         if " saved step " in last_line:
             step = int(last_line.split(" saved step ")[1].split()[0])
             saved_steps.append(step)
@@ -145,7 +148,9 @@ def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(series, (signal.SIGTERM, signal.SIGINT)))
     for workdir, saved_steps in results:
-        assert len(saved_steps) >= TRIALS // 2, f"few stops mid-training: {saved_steps}"
+        # The seeded moments aim one signal at training 6 (SIGTERM) and 4 (SIGINT) times,
+        # and each of those must save; a second signal may or may not leave a save.
+        assert len(saved_steps) >= 4, f"few stops mid-training: {saved_steps}"
         assert losses(workdir) == losses(reference)
         assert dev_losses(workdir) == dev_losses(reference)
 
