@@ -125,9 +125,9 @@ def fsmt_tensors(hf_tensors: Mapping[str, np.ndarray],
     """HF FSMTForConditionalGeneration / FSMTModel state dict -> our torch-named tensors."""
     c, out = _consumer(hf_tensors, "FSMT state dict")
     if config.share_embeddings:  # tie_word_embeddings: one table, stored once or thrice
-        out["shared_embed.weight"] = _one_table(c, "decoder.embed_tokens.weight",
-                                                "encoder.embed_tokens.weight",
-                                                "decoder.output_projection.weight")
+        out["shared_embed.weight"] = c.take_tied("decoder.embed_tokens.weight",
+                                                 "encoder.embed_tokens.weight",
+                                                 "decoder.output_projection.weight")
     else:
         out["src_embed.weight"] = c.take("encoder.embed_tokens.weight")
         out["tgt_embed.weight"] = c.take("decoder.embed_tokens.weight")
@@ -144,8 +144,8 @@ def m2m100_tensors(hf_tensors: Mapping[str, np.ndarray],
     """HF M2M100ForConditionalGeneration / M2M100Model state dict -> our torch-named tensors."""
     c, out = _consumer(hf_tensors, "M2M100 state dict")
     if config.share_embeddings:
-        out["shared_embed.weight"] = _one_table(c, "shared.weight", "encoder.embed_tokens.weight",
-                                                "decoder.embed_tokens.weight", "lm_head.weight")
+        out["shared_embed.weight"] = c.take_tied("shared.weight", "encoder.embed_tokens.weight",
+                                                 "decoder.embed_tokens.weight", "lm_head.weight")
     else:
         out["src_embed.weight"] = c.take("encoder.embed_tokens.weight")
         out["tgt_embed.weight"] = c.take("decoder.embed_tokens.weight")
@@ -176,20 +176,6 @@ def _layers(c: TensorConsumer, out: dict, config: TransformerConfig) -> None:
     """Every encoder/decoder layer: FSMT and M2M100 use Marian's (BART's) module names."""
     for hf_name, ours in marian_layer_modules(config):
         _linear(c, out, hf_name, ours)
-
-
-def _one_table(c: TensorConsumer, *candidates: str) -> np.ndarray:
-    """A tied table: whichever copies are stored must be equal (transformers 5 unties
-    copies that differ, so the config would not describe the checkpoint)."""
-    present = [k for k in candidates if k in c]
-    if not present:
-        raise PortError(f"{c.source} has none of {', '.join(candidates)}")
-    table = c.take(present[0])
-    for k in present[1:]:
-        if not np.array_equal(c.take(k), table):
-            raise PortError(f"{k} differs from {present[0]}, but tie_word_embeddings says "
-                            "they are one tied table")
-    return table
 
 
 def _check_positions(c: TensorConsumer, key: str, config: TransformerConfig) -> None:

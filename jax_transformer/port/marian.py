@@ -121,23 +121,12 @@ def marian_tensors(hf_tensors: Mapping[str, np.ndarray],
     c = TensorConsumer(src, "Marian state dict")
     out: dict[str, np.ndarray] = {}
 
-    def embedding(*candidates):  # tied copies may or may not be stored; all must agree
-        present = [k for k in candidates if k in c]
-        if not present:
-            raise PortError(f"Marian state dict has none of {', '.join(candidates)}")
-        table = c.take(present[0])
-        for k in present[1:]:
-            if not np.array_equal(c.take(k), table):
-                raise PortError(f"{k} differs from {present[0]}, but the config says they "
-                                "are one tied table")
-        return table
-
     if config.share_embeddings:
-        out["shared_embed.weight"] = embedding("shared.weight", "encoder.embed_tokens.weight",
-                                               "decoder.embed_tokens.weight")
+        out["shared_embed.weight"] = c.take_tied("shared.weight", "encoder.embed_tokens.weight",
+                                                 "decoder.embed_tokens.weight")
     else:
-        out["src_embed.weight"] = embedding("encoder.embed_tokens.weight")
-        out["tgt_embed.weight"] = embedding("decoder.embed_tokens.weight")
+        out["src_embed.weight"] = c.take("encoder.embed_tokens.weight")
+        out["tgt_embed.weight"] = c.take("decoder.embed_tokens.weight")
         if "shared.weight" in c:
             c.ignore("shared.weight")  # unused by MarianModel when not shared
     for hf_name, ours in marian_layer_modules(config):

@@ -118,6 +118,20 @@ class TensorConsumer:
         self.used.add(key)
         return self.tensors[key]
 
+    def take_tied(self, *candidates: str) -> np.ndarray:
+        """One tied table, stored under any of `candidates`: the copies present must
+        be equal (transformers 5 unties copies that differ, so a tied config would
+        not describe the checkpoint)."""
+        present = [k for k in candidates if k in self]
+        if not present:
+            raise PortError(f"{self.source} has none of {', '.join(candidates)}")
+        table = self.take(present[0])
+        for k in present[1:]:
+            if not np.array_equal(self.take(k), table):
+                raise PortError(f"{k} differs from {present[0]}, but the config says they "
+                                "are one tied table")
+        return table
+
     def ignore(self, key: str) -> None:
         self.used.add(key)
 
