@@ -1,233 +1,46 @@
-"""The encoder-decoder Transformer (Vaswani et al. 2017) in Flax NNX.
+"""The Transformer (Vaswani et al. 2017) in Flax NNX, in three architectures:
+the encoder-decoder translator, an encoder-only stack and a decoder-only
+language model, built from the layers in jax_transformer/layers.py.
 
 Read it side by side with torch_reference/model.py: same modules, same names,
-same steps in the same order. The operations (Linear, LayerNorm, Dropout,
-attention, project_qkv, feed_forward) come from jax_transformer/kernels,
-where their fast versions live. Shapes: B batch, S source length, T target
-length, D d_model, H heads, Dh head dim, F d_ff, V vocabulary.
+same steps in the same order. Shapes: B batch, S source length, T target
+length, L any length, D d_model, H heads, Dh head dim, V vocabulary.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer import pretrained
-from jax_transformer.kernels.attention import attention, project_kv, project_qkv
 from jax_transformer.kernels.dropout import Dropout
-from jax_transformer.kernels.feed_forward import feed_forward
-from jax_transformer.kernels.layer_norm import LayerNorm
-from jax_transformer.kernels.linear import Linear
+from jax_transformer.layers import Decoder, Encoder, linear
 from jax_transformer.masks import causal_mask, padding_mask
-from transformer_core.config import TransformerConfig
+from transformer_core.checkpoint_dir import CONFIG_FILE
+from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import position_rows
 
 
-def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: bool = True):
-    return Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.xavier_uniform(),
-                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-
-
-class MultiHeadAttention(nnx.Module):
-    """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        d, kw = config.d_model, dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.W_q, self.W_k, self.W_v, self.W_o = (linear(d, d, **kw) for _ in range(4))
-        self.dropout = Dropout(config.dropout, rngs=rngs)
-        self.num_heads = config.num_heads
-        self.head_dim = config.head_dim
-
-    def split_heads(self, x):  # (B, L, D) -> (B, L, H, Dh)
-        return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
-
-    def project_q(self, query):  # (B, Tq, D) -> (B, Tq, H, Dh)
-        return self.split_heads(self.W_q(query))
-
-    def project_kv(self, key_value):  # (B, Tk, D) -> k, v (B, Tk, H, Dh)
-        k, v = project_kv(key_value, self.W_k, self.W_v)
-        return self.split_heads(k), self.split_heads(v)
-
-    def project(self, query, key_value):  # -> q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
-        q, k, v = project_qkv(query, key_value, self.W_q, self.W_k, self.W_v)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
-
-    def attend(self, q, k, v, mask=None):  # -> (B, Tq, D), weights (B, H, Tq, Tk)
-        out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
-        return self.W_o(out.reshape(*out.shape[:2], -1)), weights
-
-    def __call__(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
-        return self.attend(*self.project(query, key_value), mask)
-
-
-class FeedForward(nnx.Module):
-    """FFN(x) = W_2 dropout(act(W_1 x))."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.W_1 = linear(config.d_model, config.d_ff, **kw)
-        self.W_2 = linear(config.d_ff, config.d_model, **kw)
-        self.dropout = Dropout(config.dropout, rngs=rngs)
-        self.activation = {"relu": jax.nn.relu, "silu": jax.nn.silu,
-                           "gelu": functools.partial(jax.nn.gelu, approximate=False),
-                           }[config.activation]
-
-    def __call__(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
-        return feed_forward(x, self.W_1, self.W_2, self.activation, self.dropout)
-
-
-def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
-    return LayerNorm(config.d_model, epsilon=config.layer_norm_eps, use_fast_variance=False,
-                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-
-
-class Residual(nnx.Module):
-    """The residual connection around each sublayer f, with LayerNorm after it
-    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
-    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        self.pre_norm = config.pre_norm
-        self.dropout = Dropout(config.dropout, rngs=rngs)
-
-    def norm_input(self, x, norm):
-        return norm(x) if self.pre_norm else x
-
-    def add_residual(self, x, sublayer_out, norm):
-        x = x + self.dropout(sublayer_out)
-        return x if self.pre_norm else norm(x)
-
-
-class EncoderLayer(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.self_attn = MultiHeadAttention(config, **kw)
-        self.self_attn_norm = layer_norm(config, **kw)
-        self.ffn = FeedForward(config, **kw)
-        self.ffn_norm = layer_norm(config, **kw)
-        self.residual = Residual(config, rngs=rngs)
-
-    def __call__(self, x, src_mask):  # (B, S, D) -> (B, S, D)
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, src_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
-        return x, self_weights
-
-
-class DecoderLayer(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.self_attn = MultiHeadAttention(config, **kw)
-        self.self_attn_norm = layer_norm(config, **kw)
-        self.cross_attn = MultiHeadAttention(config, **kw)
-        self.cross_attn_norm = layer_norm(config, **kw)
-        self.ffn = FeedForward(config, **kw)
-        self.ffn_norm = layer_norm(config, **kw)
-        self.residual = Residual(config, rngs=rngs)
-
-    def __call__(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, tgt_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        h = self.residual.norm_input(x, self.cross_attn_norm)
-        h, cross_weights = self.cross_attn(h, memory, memory_mask)
-        x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
-        return x, self_weights, cross_weights
-
-    # Incremental decoding: one target position at a time, with a key/value cache.
-    def init_cache(self, memory, max_len: int):
-        """Cross-attention keys/values of `memory` (B, S, D), projected once per
-        sentence, and empty self-attention buffers for `max_len` positions."""
-        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
-        B, _, H, Dh = cross_k.shape
-        empty = jnp.zeros((B, max_len, H, Dh), cross_k.dtype)  # (B, L, H, Dh)
-        return {"self_k": empty, "self_v": empty, "cross_k": cross_k, "cross_v": cross_v}
-
-    def decode_step(self, x, cache, position, src_mask):
-        """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
-        self-attention key/value written in. Same steps as __call__."""
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
-        self_k = jax.lax.dynamic_update_slice_in_dim(cache["self_k"], k, position, axis=1)
-        self_v = jax.lax.dynamic_update_slice_in_dim(cache["self_v"], v, position, axis=1)
-        visible = (jnp.arange(self_k.shape[1]) <= position)[None, None, None, :]  # (1, 1, 1, L)
-        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        h = self.residual.norm_input(x, self.cross_attn_norm)
-        q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
-        h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
-        x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
-        return x, {**cache, "self_k": self_k, "self_v": self_v}
-
-
-class Encoder(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.layers = nnx.List([EncoderLayer(config, **kw)
-                                for _ in range(config.num_encoder_layers)])
-        self.final_norm = layer_norm(config, **kw) if config.final_norm else None
-
-    def __call__(self, x, src_mask):
-        all_weights = []
-        for layer in self.layers:
-            x, weights = layer(x, src_mask)
-            all_weights.append(weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, all_weights
-
-
-class Decoder(nnx.Module):
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.layers = nnx.List([DecoderLayer(config, **kw)
-                                for _ in range(config.num_decoder_layers)])
-        self.final_norm = layer_norm(config, **kw) if config.final_norm else None
-
-    def __call__(self, x, memory, memory_mask, tgt_mask):
-        all_self, all_cross = [], []
-        for layer in self.layers:
-            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask)
-            all_self.append(self_weights)
-            all_cross.append(cross_weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, all_self, all_cross
-
-    def init_cache(self, memory, max_len: int):
-        return [layer.init_cache(memory, max_len) for layer in self.layers]
-
-    def decode_step(self, x, cache, position, src_mask):  # (B, 1, D) -> (B, 1, D)
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache):
-            x, layer_cache = layer.decode_step(x, layer_cache, position, src_mask)
-            new_cache.append(layer_cache)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, new_cache
-
-
-class Transformer(nnx.Module):
-    """Token ids in, next-token logits out.
+class TokenModel(nnx.Module):
+    """What the three architectures share: token embeddings and positions, the
+    output projection, and the checkpoint directory.
 
     `dtype` is the compute dtype (bfloat16 for mixed precision); parameters are
     kept in `param_dtype`. Use `nnx.view(model, deterministic=True)` for eval.
     """
 
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32):
+    architecture = "encoder_decoder"  # the config.architecture each subclass builds
+
+    def init_embeddings(self, config: TransformerConfig, **kw):
+        if config.architecture != self.architecture:
+            raise ConfigError(f"the config is {config.architecture!r}, but "
+                              f"{type(self).__name__} builds {self.architecture!r} models "
+                              f"(build_model(config) picks the class)")
         self.config = config
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         embed = functools.partial(nnx.Embed, features=config.d_model, **kw,
                                   embedding_init=nnx.initializers.normal(config.d_model ** -0.5))
         if config.share_embeddings:
@@ -235,14 +48,17 @@ class Transformer(nnx.Module):
         else:
             self.src_embed = embed(config.src_vocab_size)
             self.tgt_embed = embed(config.tgt_vocab_size)
-        self.embed_dropout = Dropout(config.dropout, rngs=rngs)
-        self.encoder = Encoder(config, **kw)
-        self.decoder = Decoder(config, **kw)
+        if config.position_encoding == "learned":
+            self.position_embed = embed(config.max_len + config.position_offset)
+        self.embed_dropout = Dropout(config.dropout, rngs=kw["rngs"])
+
+    def init_output(self, config: TransformerConfig, **kw):
         if not config.tie_output:
             self.output_projection = linear(config.d_model, config.tgt_vocab_size,
                                             bias=config.output_bias, **kw)
         elif config.output_bias:
-            self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,), param_dtype))
+            self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,),
+                                                   kw["param_dtype"]))
 
     def source_embedding(self) -> nnx.Embed:
         return self.shared_embed if self.config.share_embeddings else self.src_embed
@@ -250,26 +66,60 @@ class Transformer(nnx.Module):
     def target_embedding(self) -> nnx.Embed:
         return self.shared_embed if self.config.share_embeddings else self.tgt_embed
 
+    def position_vectors(self, positions, dtype):  # (B|1, L) -> (B|1, L, D), or None
+        """What is added to the token embeddings at `positions`."""
+        if self.config.position_encoding == "none":
+            return None
+        if self.config.position_encoding == "learned":
+            return self.position_embed(positions + self.config.position_offset)
+        return jnp.asarray(position_rows(self.config), dtype)[positions]  # (max_len, D) rows
+
     def embed(self, table: nnx.Embed, ids, positions=None):  # (B, L) -> (B, L, D)
-        """Token embeddings plus the sinusoid of each position: 0..L-1 by default, or
-        `positions` (B, L) (packed rows restart at 0 for each pair)."""
+        """Token embeddings plus each position's vector: 0..L-1 by default, or
+        `positions` (B, L) (packed rows restart at 0 for each sequence)."""
         if ids.shape[1] > self.config.max_len:
             raise ValueError(f"sequence length {ids.shape[1]} exceeds max_len "
                              f"{self.config.max_len}")
         x = table(ids)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        table_pe = jnp.asarray(position_rows(self.config), x.dtype)  # (max_len, D)
-        pe = table_pe[: ids.shape[1]] if positions is None else table_pe[positions]  # (L|B, L, D)
-        return self.embed_dropout(x + pe)
+        if positions is None:
+            positions = jnp.arange(ids.shape[1])[None]  # (1, L)
+        pe = self.position_vectors(positions, x.dtype)
+        return self.embed_dropout(x if pe is None else x + pe)
 
     def embed_step(self, table: nnx.Embed, ids, position):  # (B, 1) ids at `position` -> (B, 1, D)
-        x = table(ids)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.d_model)
-        positions = position_rows(self.config)  # (max_len, D)
-        row = jax.lax.dynamic_slice_in_dim(jnp.asarray(positions, x.dtype), position, 1)  # (1, D)
-        return self.embed_dropout(x + row)
+        return self.embed(table, ids, jnp.reshape(position, (1, 1)))
+
+    def project(self, hidden):  # (B, T, D) -> (B, T, V)
+        if self.config.tie_output:
+            table = self.target_embedding().embedding[...].astype(hidden.dtype)
+            logits = hidden @ table.T
+            if self.config.output_bias:
+                logits = logits + self.output_bias[...].astype(hidden.dtype)
+            return logits
+        return self.output_projection(hidden)
+
+    # The checkpoint directory format (see transformer_core.checkpoint_dir).
+    @classmethod
+    def from_pretrained(cls, directory, **kwargs):
+        """Build from a checkpoint directory (see jax_transformer.pretrained.load_pretrained)."""
+        return pretrained.load_pretrained(cls, directory, **kwargs)
+
+    def save_pretrained(self, directory, tokenizer=None):
+        return pretrained.save_pretrained(self, directory, tokenizer=tokenizer)
+
+
+class Transformer(TokenModel):
+    """The encoder-decoder: source and target token ids in, next-token logits out."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.init_embeddings(config, **kw)
+        self.encoder = Encoder(config, **kw)
+        self.decoder = Decoder(config, **kw)
+        self.init_output(config, **kw)
 
     def encode(self, src_ids, src_mask=None, positions=None):
         """(B, S) ids -> memory (B, S, D) and each layer's self-attention weights."""
@@ -308,15 +158,6 @@ class Transformer(nnx.Module):
         hidden, cache = self.decoder.decode_step(x, cache, position, src_mask)
         return self.project(hidden)[:, 0], cache  # (B, V)
 
-    def project(self, hidden):  # (B, T, D) -> (B, T, V)
-        if self.config.tie_output:
-            table = self.target_embedding().embedding[...].astype(hidden.dtype)
-            logits = hidden @ table.T
-            if self.config.output_bias:
-                logits = logits + self.output_bias[...].astype(hidden.dtype)
-            return logits
-        return self.output_projection(hidden)
-
     def __call__(self, src_ids, tgt_ids, src_mask=None, tgt_mask=None,
                  return_attention: bool = False, *, memory_mask=None, src_positions=None,
                  tgt_positions=None):
@@ -341,11 +182,89 @@ class Transformer(nnx.Module):
                             "cross": cross}
         return logits
 
-    # The checkpoint directory format (see transformer_core.checkpoint_dir).
-    @classmethod
-    def from_pretrained(cls, directory, **kwargs) -> "Transformer":
-        """Build from a checkpoint directory (see jax_transformer.pretrained.load_pretrained)."""
-        return pretrained.load_pretrained(cls, directory, **kwargs)
 
-    def save_pretrained(self, directory, tokenizer=None):
-        return pretrained.save_pretrained(self, directory, tokenizer=tokenizer)
+class EncoderOnlyTransformer(TokenModel):
+    """One bidirectional stack: token ids in, hidden states (`encode`) or logits out."""
+
+    architecture = "encoder_only"
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.init_embeddings(config, **kw)
+        self.encoder = Encoder(config, **kw)
+        self.init_output(config, **kw)
+
+    def encode(self, ids, mask=None, positions=None):
+        """(B, L) ids -> hidden states (B, L, D) and each layer's attention weights.
+        The default mask hides pad keys."""
+        if mask is None:
+            mask = padding_mask(ids, self.config.pad_id)  # (B, 1, 1, L)
+        return self.encoder(self.embed(self.shared_embed, ids, positions), mask)
+
+    def __call__(self, ids, mask=None, return_attention: bool = False, *, positions=None):
+        """(B, L) ids -> logits (B, L, V); with `return_attention`, also
+        {"encoder_self": a (B, H, L, L) list, one per layer}."""
+        hidden, weights = self.encode(ids, mask, positions)
+        logits = self.project(hidden)
+        return (logits, {"encoder_self": weights}) if return_attention else logits
+
+
+class DecoderOnlyTransformer(TokenModel):
+    """A causal stack without cross-attention: a language model over token ids."""
+
+    architecture = "decoder_only"
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.init_embeddings(config, **kw)
+        self.decoder = Decoder(config, **kw)
+        self.init_output(config, **kw)
+
+    def decode(self, ids, mask=None, positions=None):
+        """(B, L) ids -> hidden states (B, L, D) and each layer's attention weights.
+        The default mask is causal only: sequences are right-padded, so no real
+        query sees a pad key."""
+        if mask is None:
+            mask = causal_mask(ids.shape[1])  # (1, 1, L, L)
+        hidden, weights, _ = self.decoder(self.embed(self.shared_embed, ids, positions), None,
+                                          None, mask)
+        return hidden, weights
+
+    def __call__(self, ids, mask=None, return_attention: bool = False, *, positions=None):
+        """(B, L) ids -> next-token logits (B, L, V); with `return_attention`, also
+        {"decoder_self": a (B, H, L, L) list, one per layer}."""
+        hidden, weights = self.decode(ids, mask, positions)
+        logits = self.project(hidden)
+        return (logits, {"decoder_self": weights}) if return_attention else logits
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
+        """Empty self-attention buffers "self_k"/"self_v" (B, max_len, H, Dh), one
+        dict per layer, filled as decoding goes. `dtype`: the compute dtype."""
+        if max_len > self.config.max_len:
+            raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")
+        return self.decoder.init_self_cache(batch_size, max_len, dtype)
+
+    def decode_step(self, ids, cache, position):
+        """Incremental decoding: ids (B, 1) at `position` (a scalar, may be traced)
+        -> next-token logits (B, V) and the updated cache. Feeding positions
+        0, 1, ... in turn gives the same logits as the whole prefix at once."""
+        x = self.embed_step(self.shared_embed, ids, position)  # (B, 1, D)
+        hidden, cache = self.decoder.decode_step(x, cache, position, None)
+        return self.project(hidden)[:, 0], cache  # (B, V)
+
+
+MODEL_CLASSES = {"encoder_decoder": Transformer, "encoder_only": EncoderOnlyTransformer,
+                 "decoder_only": DecoderOnlyTransformer}
+
+
+def build_model(config: TransformerConfig, *, rngs: nnx.Rngs, **kwargs) -> TokenModel:
+    """The model class for `config.architecture`, built."""
+    return MODEL_CLASSES[config.architecture](config, rngs=rngs, **kwargs)
+
+
+def from_pretrained(directory, **kwargs) -> TokenModel:
+    """Any architecture's checkpoint directory, as the model class its config names."""
+    config = TransformerConfig.from_json(Path(directory) / CONFIG_FILE)
+    return MODEL_CLASSES[config.architecture].from_pretrained(directory, **kwargs)

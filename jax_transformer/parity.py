@@ -182,9 +182,12 @@ def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[s
     model = nnx.view(model, deterministic=True)
     forward = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)
     _, captured = forward(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32))
-    # {module path: outputs of its __call__}, and Transformer.embed's as "embed".
+    # {module path: outputs of its __call__}
     calls = {".".join(map(str, path[:-1] if path[-1] == "__call__" else path)):
              variable.get_value() for path, variable in nnx.to_flat_state(captured)}
+    # capture sees methods a class defines itself, not TokenModel.embed: called again
+    calls["embed"] = [model.embed(model.source_embedding(), jnp.asarray(src, jnp.int32)),
+                      model.embed(model.target_embedding(), jnp.asarray(tgt, jnp.int32))]
     return {k: np.asarray(v) for k, v in pick(calls, model.config).items()}
 
 

@@ -69,19 +69,24 @@ def expected_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
     else:
         shapes["src_embed.weight"] = (config.src_vocab_size, d)
         shapes["tgt_embed.weight"] = (config.tgt_vocab_size, d)
-    for i in range(config.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
-        ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
-    if config.final_norm:
-        norm("encoder.final_norm")
-    for i in range(config.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
-        attention(f"{p}.cross_attn"); norm(f"{p}.cross_attn_norm")
-        ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
-    if config.final_norm:
-        norm("decoder.final_norm")
+    if config.position_encoding == "learned":
+        shapes["position_embed.weight"] = (config.max_len + config.position_offset, d)
+    if config.architecture != "decoder_only":
+        for i in range(config.num_encoder_layers):
+            p = f"encoder.layers.{i}"
+            attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
+            ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
+        if config.final_norm:
+            norm("encoder.final_norm")
+    if config.architecture != "encoder_only":
+        for i in range(config.num_decoder_layers):
+            p = f"decoder.layers.{i}"
+            attention(f"{p}.self_attn"); norm(f"{p}.self_attn_norm")
+            if config.architecture == "encoder_decoder":
+                attention(f"{p}.cross_attn"); norm(f"{p}.cross_attn_norm")
+            ffn(f"{p}.ffn"); norm(f"{p}.ffn_norm")
+        if config.final_norm:
+            norm("decoder.final_norm")
     if config.tie_output:
         if config.output_bias:
             shapes["output_bias"] = (config.tgt_vocab_size,)

@@ -21,6 +21,11 @@ class ConfigError(InputError):
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
+    # encoder_decoder: the paper's translator. encoder_only: one bidirectional stack
+    # (num_encoder_layers) giving hidden states and logits. decoder_only: one causal
+    # stack without cross-attention (num_decoder_layers), a language model. The
+    # single-stack models have one token table (share_embeddings, one vocabulary).
+    architecture: Literal["encoder_decoder", "encoder_only", "decoder_only"] = "encoder_decoder"
     src_vocab_size: int = 8000
     tgt_vocab_size: int = 8000
     d_model: int = 512
@@ -39,6 +44,9 @@ class TransformerConfig:
     activation: Literal["relu", "gelu", "silu"] = "relu"
     layer_norm_eps: float = 1e-5
     scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
+    # Positions: fixed sinusoids (laid out by position_layout), a learned table
+    # (position_embed, max_len + position_offset rows), or none at all.
+    position_encoding: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     position_layout: Literal["interleaved", "half_split", "fairseq"] = "interleaved"
     position_offset: int = 0  # position p reads row p + offset (fairseq: pad_id + 1)
     share_embeddings: bool = True  # one table for source and target tokens
@@ -71,6 +79,10 @@ class TransformerConfig:
         if self.position_layout == "fairseq" and self.d_model < 4:
             raise ConfigError("position_layout 'fairseq' needs d_model >= 4 (its frequencies "
                               f"divide by d_model // 2 - 1), got d_model {self.d_model}")
+        if self.architecture != "encoder_decoder" and not self.share_embeddings:
+            raise ConfigError(f"an {self.architecture} model has one token table: "
+                              "share_embeddings must be true (and the two vocabulary "
+                              "sizes equal)")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ConfigError(
                 "share_embeddings needs src_vocab_size == tgt_vocab_size, got "
@@ -83,6 +95,11 @@ class TransformerConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def vocab_size(self) -> int:
+        """The single-stack models' one vocabulary (= src_vocab_size = tgt_vocab_size)."""
+        return self.tgt_vocab_size
 
     def replace(self, **changes: Any) -> "TransformerConfig":
         return dataclasses.replace(self, **changes)

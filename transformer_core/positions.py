@@ -40,7 +40,8 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
 
 
 def position_rows(config: TransformerConfig) -> np.ndarray:
-    """What both models add to the embeddings: row p is position p's sinusoid,
+    """What both models add to the embeddings under position_encoding "sinusoidal":
+    row p is position p's sinusoid,
     row p + `position_offset` of a (max_len + offset)-row table. (max_len, D),
     read-only. fairseq numbers positions from pad_id + 1 (its rows up to the pad
     row, which it zeroes, are never read for a real token)."""

@@ -1,0 +1,230 @@
+"""The Transformer's layers in Flax NNX: attention, feed-forward, residual
+connections, encoder and decoder layers and stacks.
+
+Read it side by side with torch_reference/layers.py: same modules, same names,
+same steps in the same order. The operations (Linear, LayerNorm, Dropout,
+attention, project_qkv, feed_forward) come from jax_transformer/kernels,
+where their fast versions live. Shapes: B batch, S source length, T target
+length, D d_model, H heads, Dh head dim, F d_ff.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_transformer.kernels.attention import attention, project_kv, project_qkv
+from jax_transformer.kernels.dropout import Dropout
+from jax_transformer.kernels.feed_forward import feed_forward
+from jax_transformer.kernels.layer_norm import LayerNorm
+from jax_transformer.kernels.linear import Linear
+from transformer_core.config import TransformerConfig
+
+
+def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: bool = True):
+    return Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.xavier_uniform(),
+                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+
+class MultiHeadAttention(nnx.Module):
+    """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        d, kw = config.d_model, dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.W_q, self.W_k, self.W_v, self.W_o = (linear(d, d, **kw) for _ in range(4))
+        self.dropout = Dropout(config.dropout, rngs=rngs)
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+
+    def split_heads(self, x):  # (B, L, D) -> (B, L, H, Dh)
+        return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
+
+    def project_q(self, query):  # (B, Tq, D) -> (B, Tq, H, Dh)
+        return self.split_heads(self.W_q(query))
+
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v (B, Tk, H, Dh)
+        k, v = project_kv(key_value, self.W_k, self.W_v)
+        return self.split_heads(k), self.split_heads(v)
+
+    def project(self, query, key_value):  # -> q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+        q, k, v = project_qkv(query, key_value, self.W_q, self.W_k, self.W_v)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def attend(self, q, k, v, mask=None):  # -> (B, Tq, D), weights (B, H, Tq, Tk)
+        out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
+        return self.W_o(out.reshape(*out.shape[:2], -1)), weights
+
+    def __call__(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
+        return self.attend(*self.project(query, key_value), mask)
+
+
+class FeedForward(nnx.Module):
+    """FFN(x) = W_2 dropout(act(W_1 x))."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.W_1 = linear(config.d_model, config.d_ff, **kw)
+        self.W_2 = linear(config.d_ff, config.d_model, **kw)
+        self.dropout = Dropout(config.dropout, rngs=rngs)
+        self.activation = {"relu": jax.nn.relu, "silu": jax.nn.silu,
+                           "gelu": functools.partial(jax.nn.gelu, approximate=False),
+                           }[config.activation]
+
+    def __call__(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        return feed_forward(x, self.W_1, self.W_2, self.activation, self.dropout)
+
+
+def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
+    return LayerNorm(config.d_model, epsilon=config.layer_norm_eps, use_fast_variance=False,
+                     rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+
+class Residual(nnx.Module):
+    """The residual connection around each sublayer f, with LayerNorm after it
+    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
+    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
+
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
+        self.pre_norm = config.pre_norm
+        self.dropout = Dropout(config.dropout, rngs=rngs)
+
+    def norm_input(self, x, norm):
+        return norm(x) if self.pre_norm else x
+
+    def add_residual(self, x, sublayer_out, norm):
+        x = x + self.dropout(sublayer_out)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.self_attn = MultiHeadAttention(config, **kw)
+        self.self_attn_norm = layer_norm(config, **kw)
+        self.ffn = FeedForward(config, **kw)
+        self.ffn_norm = layer_norm(config, **kw)
+        self.residual = Residual(config, rngs=rngs)
+
+    def __call__(self, x, src_mask):  # (B, S, D) -> (B, S, D)
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, src_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.self_attn = MultiHeadAttention(config, **kw)
+        self.self_attn_norm = layer_norm(config, **kw)
+        if config.architecture == "encoder_decoder":
+            self.cross_attn = MultiHeadAttention(config, **kw)
+            self.cross_attn_norm = layer_norm(config, **kw)
+        else:  # decoder-only: no memory to attend to
+            self.cross_attn = self.cross_attn_norm = None
+        self.ffn = FeedForward(config, **kw)
+        self.ffn_norm = layer_norm(config, **kw)
+        self.residual = Residual(config, rngs=rngs)
+
+    def __call__(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
+        """memory is None in a decoder-only model; the cross weights are then None."""
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, tgt_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        cross_weights = None
+        if self.cross_attn is not None:
+            h = self.residual.norm_input(x, self.cross_attn_norm)
+            h, cross_weights = self.cross_attn(h, memory, memory_mask)
+            x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights, cross_weights
+
+    # Incremental decoding: one target position at a time, with a key/value cache.
+    def init_cache(self, memory, max_len: int):
+        """Cross-attention keys/values of `memory` (B, S, D), projected once per
+        sentence, and empty self-attention buffers for `max_len` positions."""
+        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        cache = self.init_self_cache(cross_k.shape[0], max_len, cross_k.dtype)
+        return {**cache, "cross_k": cross_k, "cross_v": cross_v}
+
+    def init_self_cache(self, batch_size: int, max_len: int, dtype):
+        """Empty self-attention key/value buffers (B, max_len, H, Dh)."""
+        empty = jnp.zeros((batch_size, max_len, self.self_attn.num_heads,
+                           self.self_attn.head_dim), dtype)
+        return {"self_k": empty, "self_v": empty}
+
+    def decode_step(self, x, cache, position, src_mask):
+        """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
+        self-attention key/value written in. Same steps as __call__."""
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
+        self_k = jax.lax.dynamic_update_slice_in_dim(cache["self_k"], k, position, axis=1)
+        self_v = jax.lax.dynamic_update_slice_in_dim(cache["self_v"], v, position, axis=1)
+        visible = (jnp.arange(self_k.shape[1]) <= position)[None, None, None, :]  # (1, 1, 1, L)
+        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        if self.cross_attn is not None:
+            h = self.residual.norm_input(x, self.cross_attn_norm)
+            q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
+            h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
+            x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, {**cache, "self_k": self_k, "self_v": self_v}
+
+
+class Encoder(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.layers = nnx.List([EncoderLayer(config, **kw)
+                                for _ in range(config.num_encoder_layers)])
+        self.final_norm = layer_norm(config, **kw) if config.final_norm else None
+
+    def __call__(self, x, src_mask):
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, src_mask)
+            all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_weights
+
+
+class Decoder(nnx.Module):
+    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
+        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.layers = nnx.List([DecoderLayer(config, **kw)
+                                for _ in range(config.num_decoder_layers)])
+        self.final_norm = layer_norm(config, **kw) if config.final_norm else None
+
+    def __call__(self, x, memory, memory_mask, tgt_mask):
+        all_self, all_cross = [], []
+        for layer in self.layers:
+            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask)
+            all_self.append(self_weights)
+            if cross_weights is not None:
+                all_cross.append(cross_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_self, all_cross
+
+    def init_cache(self, memory, max_len: int):
+        return [layer.init_cache(memory, max_len) for layer in self.layers]
+
+    def init_self_cache(self, batch_size: int, max_len: int, dtype):
+        return [layer.init_self_cache(batch_size, max_len, dtype) for layer in self.layers]
+
+    def decode_step(self, x, cache, position, src_mask):  # (B, 1, D) -> (B, 1, D)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, layer_cache = layer.decode_step(x, layer_cache, position, src_mask)
+            new_cache.append(layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, new_cache

@@ -1,0 +1,238 @@
+"""The Transformer's layers in PyTorch: attention, feed-forward, residual
+connections, encoder and decoder layers and stacks.
+
+The reference for jax_transformer/layers.py: same modules, same names, same
+steps in the same order, each operation written out as the paper states it.
+Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head
+dim, F d_ff.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_core.config import TransformerConfig
+
+
+def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    nn.init.xavier_uniform_(layer.weight)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+def attention(q, k, v, mask, dropout: nn.Dropout):
+    """softmax(q k^T / sqrt(Dh)) v for every head: q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+    -> out (B, Tq, H, Dh), weights (B, H, Tq, Tk). Masked scores get finfo.min."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, L, Dh)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, Tq, Tk)
+    out = dropout(weights).to(v.dtype) @ v  # (B, H, Tq, Dh)
+    return out.transpose(1, 2), weights  # (B, Tq, H, Dh)
+
+
+class MultiHeadAttention(nn.Module):
+    """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        d = config.d_model
+        self.W_q, self.W_k, self.W_v, self.W_o = linear(d, d), linear(d, d), linear(d, d), linear(d, d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+
+    def split_heads(self, x):  # (B, L, D) -> (B, L, H, Dh)
+        return x.unflatten(-1, (self.num_heads, self.head_dim))
+
+    def project_q(self, query):  # (B, Tq, D) -> (B, Tq, H, Dh)
+        return self.split_heads(self.W_q(query))
+
+    def project_kv(self, key_value):  # (B, Tk, D) -> k, v (B, Tk, H, Dh)
+        return self.split_heads(self.W_k(key_value)), self.split_heads(self.W_v(key_value))
+
+    def project(self, query, key_value):  # -> q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
+        return self.project_q(query), *self.project_kv(key_value)
+
+    def attend(self, q, k, v, mask=None):  # -> (B, Tq, D), weights (B, H, Tq, Tk)
+        out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
+        return self.W_o(out.flatten(2)), weights
+
+    def forward(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
+        return self.attend(*self.project(query, key_value), mask)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W_2 dropout(act(W_1 x))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.W_1 = linear(config.d_model, config.d_ff)
+        self.W_2 = linear(config.d_ff, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.activation = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}[config.activation]
+
+    def forward(self, x):  # (B, L, D) -> (B, L, F) -> (B, L, D)
+        return self.W_2(self.dropout(self.activation(self.W_1(x))))
+
+
+def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+class Residual(nn.Module):
+    """The residual connection around each sublayer f, with LayerNorm after it
+    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
+    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = nn.Dropout(config.dropout)
+
+    def norm_input(self, x, norm):
+        return norm(x) if self.pre_norm else x
+
+    def add_residual(self, x, sublayer_out, norm):
+        x = x + self.dropout(sublayer_out)
+        return x if self.pre_norm else norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_norm = layer_norm(config)
+        self.ffn = FeedForward(config)
+        self.ffn_norm = layer_norm(config)
+        self.residual = Residual(config)
+
+    def forward(self, x, src_mask):  # (B, S, D) -> (B, S, D)
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, src_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_norm = layer_norm(config)
+        if config.architecture == "encoder_decoder":
+            self.cross_attn = MultiHeadAttention(config)
+            self.cross_attn_norm = layer_norm(config)
+        else:  # decoder-only: no memory to attend to
+            self.cross_attn = self.cross_attn_norm = None
+        self.ffn = FeedForward(config)
+        self.ffn_norm = layer_norm(config)
+        self.residual = Residual(config)
+
+    def forward(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
+        """memory is None in a decoder-only model; the cross weights are then None."""
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        h, self_weights = self.self_attn(h, h, tgt_mask)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        cross_weights = None
+        if self.cross_attn is not None:
+            h = self.residual.norm_input(x, self.cross_attn_norm)
+            h, cross_weights = self.cross_attn(h, memory, memory_mask)
+            x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, self_weights, cross_weights
+
+    # Incremental decoding: one target position at a time, with a key/value cache.
+    def init_cache(self, memory, max_len: int):
+        """Cross-attention keys/values of `memory` (B, S, D), projected once per
+        sentence, and empty self-attention buffers for `max_len` positions."""
+        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        cache = self.init_self_cache(cross_k.shape[0], max_len, cross_k.dtype, cross_k.device)
+        return {**cache, "cross_k": cross_k, "cross_v": cross_v}
+
+    def init_self_cache(self, batch_size: int, max_len: int, dtype, device):
+        """Empty self-attention key/value buffers (B, max_len, H, Dh)."""
+        shape = (batch_size, max_len, self.self_attn.num_heads, self.self_attn.head_dim)
+        return {"self_k": torch.zeros(shape, dtype=dtype, device=device),
+                "self_v": torch.zeros(shape, dtype=dtype, device=device)}
+
+    def decode_step(self, x, cache, position, src_mask):
+        """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
+        self-attention key/value written in (in place here; JAX returns a new one).
+        Same steps as forward."""
+        h = self.residual.norm_input(x, self.self_attn_norm)
+        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
+        self_k, self_v = cache["self_k"], cache["self_v"]  # (B, L, H, Dh)
+        self_k[:, position] = k[:, 0]
+        self_v[:, position] = v[:, 0]
+        visible = (torch.arange(self_k.shape[1], device=x.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
+        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
+        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        if self.cross_attn is not None:
+            h = self.residual.norm_input(x, self.cross_attn_norm)
+            q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
+            h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
+            x = self.residual.add_residual(x, h, self.cross_attn_norm)
+        h = self.residual.norm_input(x, self.ffn_norm)
+        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        return x, {**cache, "self_k": self_k, "self_v": self_v}
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.num_encoder_layers)])
+        self.final_norm = layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, src_mask):
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, src_mask)
+            all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_weights
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_decoder_layers)])
+        self.final_norm = layer_norm(config) if config.final_norm else None
+
+    def forward(self, x, memory, memory_mask, tgt_mask):
+        all_self, all_cross = [], []
+        for layer in self.layers:
+            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask)
+            all_self.append(self_weights)
+            if cross_weights is not None:
+                all_cross.append(cross_weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_self, all_cross
+
+    def init_cache(self, memory, max_len: int):
+        return [layer.init_cache(memory, max_len) for layer in self.layers]
+
+    def init_self_cache(self, batch_size: int, max_len: int, dtype, device):
+        return [layer.init_self_cache(batch_size, max_len, dtype, device)
+                for layer in self.layers]
+
+    def decode_step(self, x, cache, position, src_mask):  # (B, 1, D) -> (B, 1, D)
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, layer_cache = layer.decode_step(x, layer_cache, position, src_mask)
+            new_cache.append(layer_cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, new_cache
