@@ -1,6 +1,7 @@
 """The 2017 encoder-decoder Transformer in JAX/Flax NNX.
 
-The model is `jax_transformer.model.Transformer`; README's "Layout" section maps
+The models are in `jax_transformer.model` (`Transformer`, the encoder-decoder;
+`EncoderOnlyTransformer`; `DecoderOnlyTransformer`; `build_model(config)`); README's "Layout" section maps
 the rest. This file imports no JAX, so that `python -m jax_transformer.translate
 --framework torch` runs without it.
 """

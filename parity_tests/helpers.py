@@ -18,9 +18,9 @@ import torch
 from flax import nnx
 
 from transformer_core.config import TransformerConfig
-from jax_transformer.model import Transformer as FlaxTransformer
+from jax_transformer import model as flax_models
 from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
-from torch_reference.model import Transformer as TorchTransformer
+from torch_reference import model as torch_models
 
 # Small models covering every variant the config can express. dropout > 0 so
 # that eval mode is really exercised.
@@ -54,6 +54,28 @@ CONFIGS = {
     "one_layer": BASE.replace(num_encoder_layers=1, num_decoder_layers=1),
     "three_layers": BASE.replace(num_encoder_layers=3, num_decoder_layers=3, pre_norm=True,
                                  final_norm=True),
+    "learned_positions": BASE.replace(position_encoding="learned", position_offset=2),
+    "no_positions": BASE.replace(position_encoding="none", pre_norm=True),
+}
+# The single-stack architectures, in the variants torch.nn-based models use.
+ENCODER_ONLY = BASE.replace(architecture="encoder_only", num_encoder_layers=3)
+DECODER_ONLY = BASE.replace(architecture="decoder_only", num_decoder_layers=3)
+SINGLE_STACK_CONFIGS = {
+    "encoder_only": ENCODER_ONLY,
+    "encoder_only_pre_ln_learned": ENCODER_ONLY.replace(
+        pre_norm=True, final_norm=True, position_encoding="learned", tie_output=False,
+        output_bias=True),
+    "encoder_only_no_positions_gelu": ENCODER_ONLY.replace(
+        position_encoding="none", activation="gelu", scale_embeddings=False),
+    "decoder_only": DECODER_ONLY,
+    "decoder_only_pre_ln_untied": DECODER_ONLY.replace(
+        pre_norm=True, final_norm=True, tie_output=False, output_bias=True),
+    "decoder_only_learned_half_split": DECODER_ONLY.replace(
+        position_encoding="learned", position_offset=3, activation="silu"),
+    "decoder_only_no_positions": DECODER_ONLY.replace(position_encoding="none"),
+    "decoder_only_fairseq_odd_width": DECODER_ONLY.replace(
+        d_model=15, num_heads=3, d_ff=23, position_layout="fairseq", position_offset=2,
+        pad_id=1),
 }
 DIRECTIONS = ("flax_to_torch", "torch_to_flax")
 TORCH_DEVICE = torch.device(os.environ.get("PARITY_TORCH_DEVICE")
@@ -94,7 +116,7 @@ def precision(name: str):
 # parameters start at constants (0 / 1), so a mis-copied one would go unseen. Noise
 # on those vectors only keeps activations at init scale: the float32 bounds are
 # absolute, and each side's own float32 error is ~2e-7 of the logits' magnitude.
-def perturb_flax(model: FlaxTransformer, seed: int) -> None:
+def perturb_flax(model: flax_models.TokenModel, seed: int) -> None:
     """Add noise to every bias and LayerNorm parameter."""
     params = nnx.state(model, nnx.Param)
     key = jax.random.key(seed)
@@ -107,7 +129,7 @@ def perturb_flax(model: FlaxTransformer, seed: int) -> None:
     nnx.update(model, params)
 
 
-def perturb_torch(model: TorchTransformer, seed: int) -> None:
+def perturb_torch(model: torch_models.TokenModel, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -119,10 +141,10 @@ def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0)
     """A Flax model in eval mode and a torch model in eval mode with the same weights,
     initialised on one side and copied to the other."""
     jax_dtype, torch_dtype = dtypes
-    flax_model = FlaxTransformer(config, rngs=nnx.Rngs(seed), dtype=jax_dtype,
-                                 param_dtype=jax_dtype)
+    flax_model = flax_models.build_model(config, rngs=nnx.Rngs(seed), dtype=jax_dtype,
+                                         param_dtype=jax_dtype)
     torch.manual_seed(seed)
-    torch_model = TorchTransformer(config).to(torch_dtype)
+    torch_model = torch_models.build_model(config).to(torch_dtype)
     if direction == "flax_to_torch":
         perturb_flax(flax_model, seed)
         state_dict = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}

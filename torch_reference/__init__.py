@@ -5,6 +5,8 @@ checkpoint directory), which imports neither framework.
 """
 
 from transformer_core.config import TransformerConfig
-from torch_reference.model import Transformer
+from torch_reference.model import (DecoderOnlyTransformer, EncoderOnlyTransformer, Transformer,
+                                   build_model, from_pretrained)
 
-__all__ = ["Transformer", "TransformerConfig"]
+__all__ = ["DecoderOnlyTransformer", "EncoderOnlyTransformer", "Transformer", "TransformerConfig",
+           "build_model", "from_pretrained"]
