@@ -24,6 +24,11 @@ from transformer_core.config import ConfigError, TransformerConfig
     (dict(max_len=0), "max_len"),
     (dict(position_offset=-1), "position_offset"),
     (dict(position_layout="fairseq", d_model=3, num_heads=1), "d_model >= 4"),
+    (dict(architecture="decoder"), "architecture"),
+    (dict(position_encoding="rotary"), "position_encoding"),
+    (dict(architecture="decoder_only", share_embeddings=False), "one token table"),
+    (dict(architecture="encoder_only", share_embeddings=False, tgt_vocab_size=9000),
+     "share_embeddings must be true"),
 ])
 def test_invalid_values_name_the_field(changes, field):
     with pytest.raises(ConfigError, match=field):
