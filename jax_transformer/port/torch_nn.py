@@ -54,7 +54,7 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
     c = TensorConsumer({k: v for k, v in sd.items() if not (ignore and k.startswith(ignore))},
                        "torch.nn.Transformer state dict")
     t = lambda name: f"{prefix}{name}"  # noqa: E731
-    n_enc, n_dec = count_layers(c, t("encoder")), count_layers(c, t("decoder"))
+    n_enc, n_dec = count_layers(c, t("encoder.")), count_layers(c, t("decoder."))
     if not n_enc or not n_dec:
         raise PortError(f"no encoder/decoder layers under {prefix!r}")
     copy = LayerCopier(c, c.tensors[t("encoder.layers.0.self_attn.in_proj_weight")])
@@ -160,10 +160,10 @@ def find_prefix(sd: Mapping[str, np.ndarray], prefix: str | None, suffix: str, w
     return prefix + "." if prefix and not prefix.endswith(".") else prefix
 
 
-def count_layers(c: TensorConsumer, stack: str) -> int:
-    """How many `{stack}.layers.<i>` an nn.TransformerEncoder/Decoder holds."""
+def count_layers(c: TensorConsumer, prefix: str) -> int:
+    """How many `{prefix}layers.<i>` an nn.TransformerEncoder/Decoder holds."""
     n = 0
-    while f"{stack}.layers.{n}.self_attn.in_proj_weight" in c:
+    while f"{prefix}layers.{n}.self_attn.in_proj_weight" in c:
         n += 1
     return n
 
