@@ -209,3 +209,71 @@ def test_torch_nn_encoder_float64(tmp_path, variant):
     convert(model, path, tmp_path / "ours", kwargs)
     with jax.enable_x64(True):
         check(model.double(), tmp_path / "ours", kwargs, "float64", 1e-10, check_greedy=False)
+
+
+def tutorial_table(max_len, d):
+    """The tutorial's PositionalEncoding buffer, computed in float32 as it does."""
+    position = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, d, 2).float() * (-math.log(10000.0) / d))
+    pe = torch.zeros(max_len, 1, d)
+    pe[:, 0, 0::2], pe[:, 0, 1::2] = torch.sin(position * div_term), torch.cos(position * div_term)
+    return pe.numpy()
+
+
+def test_tutorial_float32_table_is_accepted_and_other_tables_named():
+    from jax_transformer.port.torch_nn_encoder import check_sinusoids, position_table
+    table = position_table(tutorial_table(5000, 512), "pos_encoder.pe", 512)
+    assert check_sinusoids(table, "pos_encoder.pe", None) == "interleaved"
+    half = sinusoidal_positions(64, 32, "half_split")[None]  # (1, max_len, D)
+    assert check_sinusoids(position_table(half, "pe", 32), "pe", None) == "half_split"
+    with pytest.raises(port.PortError, match=r"pe is not one of our sinusoid tables "
+                       r"\(half_split layout: position 0, column 1 holds 1, ours 0\); .*"
+                       r"--positions learned"):
+        check_sinusoids(tutorial_table(64, 32)[:, 0], "pe", "half_split")  # interleaved
+    wrong_base = tutorial_table(64, 32)[:, 0] ** 1.0001  # nearly, but not ours
+    with pytest.raises(port.PortError, match=r"\(interleaved layout: position 1, column 4 holds "
+                       r"0.310947, ours 0.310984; half_split layout: position 0"):
+        check_sinusoids(np.abs(wrong_base), "pe", None)
+
+
+ERRORS = {
+    "no --architecture": ([], ["--architecture"], "--architecture is required"),
+    "a flag of torch-nn-transformer": (["--src-embed", "embedding"], [],
+                                       "--src-embed belong(s) to --from torch-nn-transformer"),
+    "wrong embedding key": (["--embed", "tok_emb"], [], "no tok_emb.weight"),
+    "layout for learned positions": (["--positions", "learned", "--position-layout",
+                                      "interleaved"], [], "--position-layout applies to"),
+    "a causal model without a head": (["--output", ""], [], "needs its output projection"),
+    "pad id outside the vocabulary": (["--pad-id", "100"], [],
+                                      "--pad-id 100 is not a token of the 100-row"),
+    "positions none, but a table stored": (["--positions", "none"], [], "pos_encoder.pe"),
+    "mismatched sinusoid table": (["--position-layout", "half_split"], [],
+                                  "pos_encoder.pe is not one of our sinusoid tables"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_torch_nn_encoder_errors(tmp_path, capsys, case):
+    flags, dropped, message = ERRORS[case]
+    torch.save(EncoderLM(batch_first=False).state_dict(), tmp_path / "lm.pt")
+    argv = ["--from", "torch-nn-encoder", str(tmp_path / "lm.pt"), str(tmp_path / "out"),
+            "--num-heads", "4", *flags]
+    if "--architecture" not in dropped:
+        argv += ["--architecture", "decoder_only"]
+    assert port.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_torch_nn_encoder_lists_every_missing_tensor_and_checks_shapes(tmp_path):
+    sd = {k: v.numpy() for k, v in EncoderLM().state_dict().items()}
+    del sd["transformer_encoder.layers.1.linear2.weight"], sd["embedding.weight"]
+    spec = dict(architecture="decoder_only", num_heads=4)
+    with pytest.raises(port.PortError, match=r"no embedding.weight, "
+                       r"transformer_encoder.layers.1.linear2.weight"):
+        port.torch_nn_encoder_tensors(sd, spec)
+    sd = {k: v.numpy() for k, v in EncoderLM().state_dict().items()}
+    sd["linear.weight"], sd["linear.bias"] = sd["linear.weight"][:90], sd["linear.bias"][:90]
+    with pytest.raises(port.PortError, match=r"linear.weight has shape \(90, 32\), but the "
+                       r"embedding table embedding.weight has \(100, 32\)"):
+        port.torch_nn_encoder_tensors(sd, spec)
