@@ -211,6 +211,27 @@ def test_torch_nn_encoder_float64(tmp_path, variant):
         check(model.double(), tmp_path / "ours", kwargs, "float64", 1e-10, check_greedy=False)
 
 
+@pytest.mark.parametrize("variant", ["causal batch-first no positions no biases unscaled",
+                                     "bidirectional without a head"])
+def test_embedding_scale_detected_by_comparing_outputs(variant):
+    """Not in a state dict: the forward multiplies, or not. Converted with the wrong
+    guess, detect_scale_embeddings runs both and keeps the one matching the module."""
+    kwargs = VARIANTS[variant]
+    model = EncoderLM(**kwargs).eval()
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    spec = dict(port.encoder_spec(model.transformer_encoder),
+                architecture="decoder_only" if kwargs.get("causal", True) else "encoder_only",
+                positions=kwargs.get("positions", "sinusoidal"),
+                output="" if kwargs.get("head") == "none" else "linear")
+    config, tensors = port.torch_nn_encoder_tensors(sd, spec)
+    ids = np.random.default_rng(0).integers(1, VOCAB, size=(2, 10))
+    with torch.no_grad():
+        detected = port.detect_scale_embeddings(lambda x: model(torch.as_tensor(x)), config,
+                                                tensors, ids)
+    assert detected.scale_embeddings == kwargs.get("scale", True)
+    assert detected.replace(scale_embeddings=True) == config.replace(scale_embeddings=True)
+
+
 def tutorial_table(max_len, d):
     """The tutorial's PositionalEncoding buffer, computed in float32 as it does."""
     position = torch.arange(max_len, dtype=torch.float).unsqueeze(1)

@@ -31,13 +31,14 @@ from jax_transformer.port.reading import PortError, read_weights
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
                                            torch_nn_transformer_tensors)
 from jax_transformer.port.torch_nn_encoder import (TORCH_NN_ENCODER_DEFAULTS,
-                                                   convert_torch_nn_encoder, encoder_spec,
+                                                   convert_torch_nn_encoder,
+                                                   detect_scale_embeddings, encoder_spec,
                                                    torch_nn_encoder_tensors)
 
 __all__ = ["MarianTokenizer", "PortError", "SOURCES", "TARGETS", "TORCH_NN_DEFAULTS",
            "TORCH_NN_ENCODER_DEFAULTS", "convert_hf_fsmt", "convert_hf_m2m100",
            "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_encoder",
-           "convert_torch_nn_transformer", "convert_torch_reference", "encoder_spec",
+           "convert_torch_nn_transformer", "convert_torch_reference", "detect_scale_embeddings", "encoder_spec",
            "export_hf_marian",
            "fsmt_config", "fsmt_tensors", "hf_marian_config", "hf_marian_tensors",
            "m2m100_config", "m2m100_tensors", "main", "marian_config", "marian_tensors",

@@ -211,6 +211,32 @@ def encoder_spec(encoder) -> dict[str, Any]:
                 activation=activation, layer_norm_eps=layer.norm1.eps, dropout=layer.dropout.p)
 
 
+def detect_scale_embeddings(forward, config: TransformerConfig, tensors: Mapping[str, np.ndarray],
+                            ids: np.ndarray) -> TransformerConfig:
+    """`config` with the scale_embeddings that reproduces the source model: `forward`
+    maps (B, L) ids to its logits (B, L, V), or hidden states without a head;
+    torch_reference computes both choices on `ids` (no pad ids in an encoder_only
+    batch: ours masks them) and the one within 1e-4 (relative) is kept."""
+    import torch
+    from torch_reference.model import build_model
+    expected = np.asarray(torch.as_tensor(forward(ids)).detach().cpu(), np.float64)
+    hidden = expected.shape[-1] != config.vocab_size  # no head: compare encode()'s states
+    differences = {}
+    for scale in (config.scale_embeddings, not config.scale_embeddings):
+        model = build_model(config.replace(scale_embeddings=scale)).eval()
+        model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32))
+                               for k, v in tensors.items()})
+        with torch.no_grad():
+            ids_t = torch.as_tensor(ids)
+            got = (model.encode(ids_t)[0] if hidden else model(ids_t)).numpy()
+        differences[scale] = np.abs(got - expected).max() / (1 + np.abs(expected).max())
+        if differences[scale] <= 1e-4:
+            return config.replace(scale_embeddings=scale)
+    raise PortError("the converted model matches the source's outputs with neither embedding "
+                    f"scale (relative max |diff|: {differences[True]:.3g} scaled, "
+                    f"{differences[False]:.3g} unscaled): check the other flags")
+
+
 def convert_torch_nn_encoder(src: str | Path, out_dir: str | Path,
                              spec: Mapping[str, Any]) -> TransformerConfig:
     config, tensors = torch_nn_encoder_tensors(read_weights(src), spec)
