@@ -196,7 +196,8 @@ def test_torch_nn_encoder_float32(tmp_path, variant):
     assert (config.pre_norm, config.final_norm, config.tie_output, config.dropout) == (
         kwargs.get("norm_first", False), kwargs.get("final_norm", False),
         kwargs.get("head", "untied") != "untied", 0.2)
-    assert config.position_encoding == kwargs.get("positions", "sinusoidal")
+    assert (config.position_encoding, config.max_len) == (kwargs.get("positions", "sinusoidal"),
+                                                          MAX_LEN)
     check(model, tmp_path / "ours", kwargs, "float32", 1e-4,
           check_greedy=kwargs.get("causal", True))
 
@@ -251,10 +252,10 @@ def test_tutorial_float32_table_is_accepted_and_other_tables_named():
                        r"\(half_split layout: position 0, column 1 holds 1, ours 0\); .*"
                        r"--positions learned"):
         check_sinusoids(tutorial_table(64, 32)[:, 0], "pe", "half_split")  # interleaved
-    wrong_base = tutorial_table(64, 32)[:, 0] ** 1.0001  # nearly, but not ours
+    nearly = np.abs(tutorial_table(64, 32)[:, 0]) ** 1.0001  # close to ours, but not ours
     with pytest.raises(port.PortError, match=r"\(interleaved layout: position 1, column 4 holds "
                        r"0.310947, ours 0.310984; half_split layout: position 0"):
-        check_sinusoids(np.abs(wrong_base), "pe", None)
+        check_sinusoids(nearly, "pe", None)
 
 
 ERRORS = {
