@@ -6,6 +6,7 @@ into Hugging Face Marian.
     fairseq.py           Hugging Face FSMT (fairseq WMT19) and M2M100 (also NLLB dense)
     marian_tokenizer.py  Marian's source.spm / target.spm + vocab.json
     torch_nn.py          models wrapping torch.nn.Transformer
+    torch_nn_encoder.py  models built on torch.nn.TransformerEncoder (language models)
     ours.py              torch_reference state dicts and train.py's orbax checkpoints
     hf_export.py         ours -> a directory transformers' MarianMTModel / MarianTokenizer load
     cli.py               python -m jax_transformer.port (--from SOURCE | --to hf-marian)
@@ -29,10 +30,16 @@ from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
 from jax_transformer.port.reading import PortError, read_weights
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
                                            torch_nn_transformer_tensors)
+from jax_transformer.port.torch_nn_encoder import (TORCH_NN_ENCODER_DEFAULTS,
+                                                   convert_torch_nn_encoder,
+                                                   detect_scale_embeddings, encoder_spec,
+                                                   torch_nn_encoder_tensors)
 
 __all__ = ["MarianTokenizer", "PortError", "SOURCES", "TARGETS", "TORCH_NN_DEFAULTS",
-           "convert_hf_fsmt", "convert_hf_m2m100", "convert_hf_marian", "convert_jax_orbax",
-           "convert_torch_nn_transformer", "convert_torch_reference", "export_hf_marian",
+           "TORCH_NN_ENCODER_DEFAULTS", "convert_hf_fsmt", "convert_hf_m2m100",
+           "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_encoder",
+           "convert_torch_nn_transformer", "convert_torch_reference", "detect_scale_embeddings", "encoder_spec",
+           "export_hf_marian",
            "fsmt_config", "fsmt_tensors", "hf_marian_config", "hf_marian_tensors",
            "m2m100_config", "m2m100_tensors", "main", "marian_config", "marian_tensors",
-           "read_weights", "torch_nn_transformer_tensors"]
+           "read_weights", "torch_nn_encoder_tensors", "torch_nn_transformer_tensors"]

@@ -5,6 +5,8 @@
     python -m jax_transformer.port --from hf-fsmt            SRC_DIR   OUT_DIR   (fairseq WMT19)
     python -m jax_transformer.port --from hf-m2m100          SRC_DIR   OUT_DIR   (M2M100, NLLB dense)
     python -m jax_transformer.port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
+    python -m jax_transformer.port --from torch-nn-encoder   MODEL.pt  OUT_DIR --num-heads 8 \
+        --architecture decoder_only ...                     (nn.TransformerEncoder models)
     python -m jax_transformer.port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
     python -m jax_transformer.port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
     python -m jax_transformer.port --to hf-marian            CKPT_DIR  OUT_DIR   (hf_export.py)
@@ -19,11 +21,18 @@ from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import TARGETS, export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
+from jax_transformer.port.reading import PortError
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
                                            read_mapping)
+from jax_transformer.port.torch_nn_encoder import (ARCHITECTURES, POSITIONS,
+                                                   TORCH_NN_ENCODER_DEFAULTS,
+                                                   convert_torch_nn_encoder)
 
-SOURCES = ("hf-marian", "hf-fsmt", "hf-m2m100", "torch-nn-transformer", "torch-reference",
-           "jax-orbax")
+SOURCES = ("hf-marian", "hf-fsmt", "hf-m2m100", "torch-nn-transformer", "torch-nn-encoder",
+           "torch-reference", "jax-orbax")
+# The torch.nn sources' mapping fields (flags under the same names, dashed).
+TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
+                  "torch-nn-encoder": TORCH_NN_ENCODER_DEFAULTS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,22 +63,38 @@ def convert(argv: list[str] | None = None) -> int:
     g.add_argument("--tokenizer", help="a SentencePiece model to copy as tokenizer.model")
     g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
     g = parser.add_argument_group(
-        "torch-nn-transformer (flags override --mapping; defaults follow torch.nn.Transformer "
-        "and the PyTorch translation tutorial)")
-    g.add_argument("--mapping", help="JSON file with any of: " + ", ".join(TORCH_NN_DEFAULTS))
+        "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
+        "torch.nn and the PyTorch translation / language-modelling tutorials)")
+    g.add_argument("--mapping", help="JSON file with any of the mapping fields: "
+                   + "; ".join(f"{source}: {', '.join(fields)}"
+                               for source, fields in TORCH_NN_SPECS.items()))
     g.add_argument("--transformer-prefix", dest="transformer")
     g.add_argument("--src-embed", help="source embedding module or key (default src_embed)")
     g.add_argument("--tgt-embed", help="target embedding module or key (default tgt_embed)")
-    g.add_argument("--output", help="output nn.Linear (default generator); the target "
-                                    "embedding's name if tied")
+    g.add_argument("--architecture", choices=ARCHITECTURES,
+                   help="torch-nn-encoder, required: decoder_only when the forward passes a "
+                        "square subsequent mask (a language model), else encoder_only")
+    g.add_argument("--encoder-prefix", dest="encoder",
+                   help="torch-nn-encoder: the nn.TransformerEncoder (found when not given)")
+    g.add_argument("--embed", help="torch-nn-encoder: token embedding (default embedding)")
+    g.add_argument("--positions", choices=POSITIONS,
+                   help="torch-nn-encoder: a stored sinusoid table, checked (default); a "
+                        "learned one, copied; none")
+    g.add_argument("--position-key", help="torch-nn-encoder: the position table's key "
+                                          "(default pos_encoder.pe; '' when not stored)")
+    g.add_argument("--output", help="output nn.Linear (default generator, torch-nn-encoder: "
+                                    "linear); the embedding's name if tied; torch-nn-encoder "
+                                    "encoder_only: '' for none")
     g.add_argument("--ignore", action="append", help="drop keys with this prefix (repeatable)")
     g.add_argument("--num-heads", type=int)
     g.add_argument("--activation", choices=("relu", "gelu", "silu"))
     g.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--layer-norm-eps", type=float)
     g.add_argument("--scale-embeddings", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--position-layout", choices=("interleaved", "half_split"))
-    g.add_argument("--max-len", type=int)
+    g.add_argument("--position-layout", choices=("interleaved", "half_split"),
+                   help="default interleaved; torch-nn-encoder: the layout its table matches")
+    g.add_argument("--max-len", type=int, help="default 512; torch-nn-encoder: the position "
+                                               "table's rows")
     g.add_argument("--dropout", type=float)
     g.add_argument("--pad-id", type=int)
     g.add_argument("--bos-id", type=int)
@@ -86,15 +111,31 @@ def convert(argv: list[str] | None = None) -> int:
         config = convert_hf_fsmt(args.src, args.out)
     elif args.source == "hf-m2m100":
         config = convert_hf_m2m100(args.src, args.out)
-    elif args.source == "torch-nn-transformer":
-        spec = read_mapping(args.mapping) if args.mapping else {}
-        for name in TORCH_NN_DEFAULTS:
-            if getattr(args, name, None) is not None:
-                spec[name] = getattr(args, name)
-        config = convert_torch_nn_transformer(args.src, args.out, spec)
+    elif args.source in TORCH_NN_SPECS:
+        spec = torch_nn_spec(args)
+        convert_torch_nn = (convert_torch_nn_transformer if args.source == "torch-nn-transformer"
+                            else convert_torch_nn_encoder)
+        config = convert_torch_nn(args.src, args.out, spec)
     elif args.source == "torch-reference":
         config = convert_torch_reference(args.src, args.out, args.config, args.tokenizer)
     else:
         config = convert_jax_orbax(args.src, args.out, args.step, args.tokenizer)
     print(f"wrote {args.out}: {config}")
     return 0
+
+
+def torch_nn_spec(args: argparse.Namespace) -> dict:
+    """--mapping's fields, overridden by flags; a flag of the other torch.nn source is
+    an error rather than ignored."""
+    fields = TORCH_NN_SPECS[args.source]
+    for other, other_fields in TORCH_NN_SPECS.items():
+        given = [f for f in other_fields if f not in fields and getattr(args, f) is not None]
+        if other != args.source and given:
+            flags = {"transformer": "transformer-prefix", "encoder": "encoder-prefix"}
+            raise PortError(", ".join("--" + flags.get(f, f).replace("_", "-") for f in given)
+                            + f" belong(s) to --from {other}, not --from {args.source}")
+    spec = read_mapping(args.mapping) if args.mapping else {}
+    for name in fields:
+        if getattr(args, name, None) is not None:
+            spec[name] = getattr(args, name)
+    return spec

@@ -42,91 +42,39 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
                                  ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """A state dict of a model wrapping torch.nn.Transformer -> (our config, our tensors).
 
-    nn.Transformer packs Q, K, V into one `in_proj_weight` (3D, D), rows in that
-    order; they are split here. Its norm1/norm2/norm3 are our self-attn, cross-attn
-    (decoder) and FFN norms; it always has a final LayerNorm after each stack.
-    Biases that the source lacks (bias=False) become zeros.
+    Attention's packed `in_proj_weight` is split (LayerCopier). Decoder layers'
+    norm1/norm2/norm3 are our self-attn, cross-attn and FFN norms; nn.Transformer
+    always has a final LayerNorm after each stack.
     """
-    spec = {**TORCH_NN_DEFAULTS, **{k: v for k, v in spec.items() if v is not None}}
-    unknown = sorted(set(spec) - set(TORCH_NN_DEFAULTS))
-    if unknown:
-        raise PortError(f"unknown torch-nn-transformer mapping field(s): {', '.join(unknown)}")
-    if spec["num_heads"] is None:
-        raise PortError("--num-heads is required: nn.Transformer's nhead is not in the state dict")
-    if not isinstance(spec["norm_first"], bool):  # the config's pre_norm, under another name
-        raise PortError(f"mapping field norm_first must be a boolean (true or false), got "
-                        f"{spec['norm_first']!r}")
-    prefix = spec["transformer"]
-    if prefix is None:
-        hits = [k[: -len("encoder.layers.0.self_attn.in_proj_weight")] for k in sd
-                if k.endswith("encoder.layers.0.self_attn.in_proj_weight")
-                and not k.endswith("decoder.layers.0.self_attn.in_proj_weight")]
-        if len(hits) != 1:
-            raise PortError("cannot find one nn.Transformer in the state dict (looked for "
-                            f"'*encoder.layers.0.self_attn.in_proj_weight', found {len(hits)}); "
-                            "name it with --transformer-prefix")
-        prefix = hits[0]
-    elif prefix and not prefix.endswith("."):
-        prefix += "."
+    spec = merge_spec(spec, TORCH_NN_DEFAULTS, "torch-nn-transformer")
+    prefix = find_prefix(sd, spec["transformer"], "encoder.layers.0.self_attn.in_proj_weight",
+                         "nn.Transformer", "--transformer-prefix",
+                         exclude="decoder.layers.0.self_attn.in_proj_weight")
     ignore = tuple(spec["ignore"])
     c = TensorConsumer({k: v for k, v in sd.items() if not (ignore and k.startswith(ignore))},
-                  "torch.nn.Transformer state dict")
+                       "torch.nn.Transformer state dict")
     t = lambda name: f"{prefix}{name}"  # noqa: E731
-
-    def count(stack):
-        n = 0
-        while t(f"{stack}.layers.{n}.self_attn.in_proj_weight") in c:
-            n += 1
-        return n
-
-    n_enc, n_dec = count("encoder"), count("decoder")
+    n_enc, n_dec = count_layers(c, t("encoder.")), count_layers(c, t("decoder."))
     if not n_enc or not n_dec:
         raise PortError(f"no encoder/decoder layers under {prefix!r}")
-    w = c.tensors[t("encoder.layers.0.self_attn.in_proj_weight")]
-    d = w.shape[1]
-    dtype = w.dtype
-    out: dict[str, np.ndarray] = {}
-
-    def bias_or_zeros(key, n):
-        return c.take(key) if key in c else np.zeros((n,), dtype)
-
-    def linear(src, ours):
-        out[f"{ours}.weight"] = weight = c.take(f"{src}.weight")
-        out[f"{ours}.bias"] = bias_or_zeros(f"{src}.bias", weight.shape[0])
-
-    def norm(src, ours):
-        out[f"{ours}.weight"] = c.take(f"{src}.weight")
-        out[f"{ours}.bias"] = bias_or_zeros(f"{src}.bias", d)
-
-    def attention(src, ours):
-        for separate in ("q_proj_weight", "k_proj_weight", "v_proj_weight", "bias_k", "bias_v"):
-            if f"{src}.{separate}" in c:
-                raise PortError(f"{src}.{separate}: attention with kdim/vdim != d_model or "
-                                "add_bias_kv is not supported")
-        in_w = c.take(f"{src}.in_proj_weight")  # (3D, D): rows are Q, then K, then V
-        in_b = bias_or_zeros(f"{src}.in_proj_bias", 3 * d)
-        for j, name in enumerate(("W_q", "W_k", "W_v")):
-            out[f"{ours}.{name}.weight"] = in_w[j * d:(j + 1) * d]
-            out[f"{ours}.{name}.bias"] = in_b[j * d:(j + 1) * d]
-        linear(f"{src}.out_proj", f"{ours}.W_o")
+    copy = LayerCopier(c, c.tensors[t("encoder.layers.0.self_attn.in_proj_weight")])
+    out, norm, d = copy.out, copy.norm, copy.d
 
     for i in range(n_enc):
-        s, o = t(f"encoder.layers.{i}"), f"encoder.layers.{i}"
-        attention(f"{s}.self_attn", f"{o}.self_attn"); norm(f"{s}.norm1", f"{o}.self_attn_norm")
-        linear(f"{s}.linear1", f"{o}.ffn.W_1"); linear(f"{s}.linear2", f"{o}.ffn.W_2")
-        norm(f"{s}.norm2", f"{o}.ffn_norm")
+        copy.encoder_layer(t(f"encoder.layers.{i}"), f"encoder.layers.{i}")
     for i in range(n_dec):
         s, o = t(f"decoder.layers.{i}"), f"decoder.layers.{i}"
-        attention(f"{s}.self_attn", f"{o}.self_attn"); norm(f"{s}.norm1", f"{o}.self_attn_norm")
-        attention(f"{s}.multihead_attn", f"{o}.cross_attn")
+        copy.attention(f"{s}.self_attn", f"{o}.self_attn")
+        norm(f"{s}.norm1", f"{o}.self_attn_norm")
+        copy.attention(f"{s}.multihead_attn", f"{o}.cross_attn")
         norm(f"{s}.norm2", f"{o}.cross_attn_norm")
-        linear(f"{s}.linear1", f"{o}.ffn.W_1"); linear(f"{s}.linear2", f"{o}.ffn.W_2")
+        copy.linear(f"{s}.linear1", f"{o}.ffn.W_1"); copy.linear(f"{s}.linear2", f"{o}.ffn.W_2")
         norm(f"{s}.norm3", f"{o}.ffn_norm")
     norm(t("encoder.norm"), "encoder.final_norm")
     norm(t("decoder.norm"), "decoder.final_norm")
 
-    strip = lambda name: name[: -len(".weight")] if name.endswith(".weight") else name  # noqa
-    src_name, tgt_name, out_name = strip(spec["src_embed"]), strip(spec["tgt_embed"]), strip(spec["output"])
+    src_name, tgt_name = strip(spec["src_embed"]), strip(spec["tgt_embed"])
+    out_name = strip(spec["output"])
     src_table = c.take(f"{src_name}.weight")
     tgt_table = c.take(f"{tgt_name}.weight")
     share = src_name == tgt_name or (src_table.shape == tgt_table.shape
@@ -180,3 +128,89 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise PortError(f"--mapping {path} must hold a JSON object")
     return spec
+
+
+# ------------------------------------------------------------------ shared with torch_nn_encoder.py
+
+def merge_spec(spec: Mapping[str, Any], defaults: Mapping[str, Any], source: str) -> dict:
+    """The mapping over its defaults; unknown fields and a non-boolean norm_first are errors."""
+    merged = {**defaults, **{k: v for k, v in spec.items() if v is not None}}
+    unknown = sorted(set(merged) - set(defaults))
+    if unknown:
+        raise PortError(f"unknown {source} mapping field(s): {', '.join(unknown)}")
+    if merged["num_heads"] is None:
+        raise PortError("--num-heads is required: nhead is not in the state dict")
+    if not isinstance(merged["norm_first"], bool):  # the config's pre_norm, under another name
+        raise PortError(f"mapping field norm_first must be a boolean (true or false), got "
+                        f"{merged['norm_first']!r}")
+    return merged
+
+
+def find_prefix(sd: Mapping[str, np.ndarray], prefix: str | None, suffix: str, what: str,
+                flag: str, exclude: str | None = None) -> str:
+    """The module prefix under which `sd` holds `suffix` ("" at the top): `prefix` as
+    given, or found as the one key ending in `suffix` (and not in `exclude`)."""
+    if prefix is None:
+        hits = [k[: -len(suffix)] for k in sd
+                if k.endswith(suffix) and not (exclude and k.endswith(exclude))]
+        if len(hits) != 1:
+            raise PortError(f"cannot find one {what} in the state dict (looked for "
+                            f"'*{suffix}', found {len(hits)}); name it with {flag}")
+        return hits[0]
+    return prefix + "." if prefix and not prefix.endswith(".") else prefix
+
+
+def count_layers(c: TensorConsumer, prefix: str) -> int:
+    """How many `{prefix}layers.<i>` an nn.TransformerEncoder/Decoder holds."""
+    n = 0
+    while f"{prefix}layers.{n}.self_attn.in_proj_weight" in c:
+        n += 1
+    return n
+
+
+def strip(name: str) -> str:
+    """A module name from a module or ".weight" key name."""
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+class LayerCopier:
+    """torch.nn layers' tensors, taken from `c`, into `out` under our names.
+    `like` is one attention in_proj_weight (3D, D): it gives D and the dtype.
+    Biases that the source lacks (bias=False) become zeros."""
+
+    def __init__(self, c: TensorConsumer, like: np.ndarray):
+        self.c, self.d, self.dtype, self.out = c, like.shape[1], like.dtype, {}
+
+    def bias_or_zeros(self, key: str, n: int) -> np.ndarray:
+        return self.c.take(key) if key in self.c else np.zeros((n,), self.dtype)
+
+    def linear(self, src: str, ours: str) -> None:
+        self.out[f"{ours}.weight"] = weight = self.c.take(f"{src}.weight")
+        self.out[f"{ours}.bias"] = self.bias_or_zeros(f"{src}.bias", weight.shape[0])
+
+    def norm(self, src: str, ours: str) -> None:
+        self.out[f"{ours}.weight"] = self.c.take(f"{src}.weight")
+        self.out[f"{ours}.bias"] = self.bias_or_zeros(f"{src}.bias", self.d)
+
+    def attention(self, src: str, ours: str) -> None:
+        """nn.MultiheadAttention packs Q, K, V into one in_proj_weight (3D, D), rows in
+        that order; they are split here."""
+        for separate in ("q_proj_weight", "k_proj_weight", "v_proj_weight", "bias_k", "bias_v"):
+            if f"{src}.{separate}" in self.c:
+                raise PortError(f"{src}.{separate}: attention with kdim/vdim != d_model or "
+                                "add_bias_kv is not supported")
+        d = self.d
+        in_w = self.c.take(f"{src}.in_proj_weight")  # (3D, D): rows are Q, then K, then V
+        in_b = self.bias_or_zeros(f"{src}.in_proj_bias", 3 * d)
+        for j, name in enumerate(("W_q", "W_k", "W_v")):
+            self.out[f"{ours}.{name}.weight"] = in_w[j * d:(j + 1) * d]
+            self.out[f"{ours}.{name}.bias"] = in_b[j * d:(j + 1) * d]
+        self.linear(f"{src}.out_proj", f"{ours}.W_o")
+
+    def encoder_layer(self, src: str, ours: str) -> None:
+        """nn.TransformerEncoderLayer: norm1 is the self-attention's norm, norm2 the FFN's."""
+        self.attention(f"{src}.self_attn", f"{ours}.self_attn")
+        self.norm(f"{src}.norm1", f"{ours}.self_attn_norm")
+        self.linear(f"{src}.linear1", f"{ours}.ffn.W_1")
+        self.linear(f"{src}.linear2", f"{ours}.ffn.W_2")
+        self.norm(f"{src}.norm2", f"{ours}.ffn_norm")
