@@ -5,14 +5,19 @@ steps, same tie-breaking (the lowest index wins a tie, as in `jax.lax.top_k`
 and `jnp.argmax`), same length penalty.
 
     greedy_search(model, src_ids, max_len=...)          -> tokens (B, L), scores (B,)
+    sample(model, src_ids, max_len=..., sampling=Sampling(temperature=0.8, top_p=0.9, seed=0))
+                                                         -> tokens (B, L), scores (B,)
     beam_search(model, src_ids, max_len=..., beam_size=4, alpha=0.6)
                                                          -> tokens (B, K, L), scores (B, K)
     greedy_search_uncached(model, src_ids, max_len=...) -> the seed-style baseline
 
 Tokens are the generated ids (the decoder's start token is not included),
-ending with eos and padded with pad after it; L = max_len. Greedy scores are
-sums of log-probabilities (eos included); beam scores are those sums divided
+ending with eos and padded with pad after it; L = max_len. Greedy and sampled
+scores are sums of the model's log-probabilities (eos included; sampling's
+temperature and cuts do not change them); beam scores are those sums divided
 by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first.
+Sampling draws its randomness in numpy (transformer_core.generation), so both
+frameworks pick the same tokens for the same seed.
 
 The model runs in eval mode (dropout off) whatever mode it is in. Each search
 is one `jax.jit` over a `lax.while_loop` whose carry holds a fixed-size cache
@@ -29,8 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_transformer import sampling as sampling_module
 from jax_transformer.masks import padding_mask
 from jax_transformer.model import Transformer
+from transformer_core.generation import Sampling
 
 NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
 
@@ -60,10 +67,12 @@ def _log_softmax(logits):  # (..., V), at least float32
 
 # ------------------------------------------------------------------ greedy
 
-def greedy_pick(log_probs, scores, finished, pad: int, eos: int):
-    """One greedy step from log-probabilities (B, V): the next ids (B,) (pad once a
-    sentence has finished), the summed scores (B,) and the finished flags (B,)."""
-    next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
+def greedy_pick(log_probs, scores, finished, pad: int, eos: int, next_ids=None):
+    """One step from log-probabilities (B, V): the next ids (B,) (the argmax unless
+    given; pad once a sentence has finished), the summed scores (B,) and the
+    finished flags (B,)."""
+    if next_ids is None:
+        next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
     best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
     next_ids = jnp.where(finished, pad, next_ids)
     scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
@@ -76,11 +85,26 @@ def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, e
     `eos_id` overrides the config's (benchmarks pass -1 to never stop early).
     """
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
-    return _greedy_jit(graphdef, state, src_ids, src_mask, max_len=max_len, **ids)
+    return _pick_jit(graphdef, state, src_ids, src_mask, None, max_len=max_len, k=0,
+                     nucleus=False, **ids)
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("max_len", "bos", "eos", "pad"))
-def _greedy_jit(graphdef, state, src_ids, src_mask, *, max_len, bos, eos, pad):
+def sample(model: Transformer, src_ids, *, max_len: int, sampling: Sampling, uniforms=None,
+           src_mask=None, eos_id=None):
+    """Sampling (temperature, top-k, top-p; see transformer_core.generation):
+    (B, S) source ids -> tokens (B, max_len) int32, scores (B,). Token t of
+    sentence b uses uniforms[b, t], by default sampling.uniforms(B, max_len).
+    Temperature 0 is greedy_search."""
+    graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    draws, static = sampling_module.prepare(sampling, src_ids.shape[0], max_len,
+                                            model.config.tgt_vocab_size, uniforms)
+    return _pick_jit(graphdef, state, src_ids, src_mask, draws, max_len=max_len, **static, **ids)
+
+
+@functools.partial(jax.jit, static_argnums=0,
+                   static_argnames=("max_len", "bos", "eos", "pad", "k", "nucleus"))
+def _pick_jit(graphdef, state, src_ids, src_mask, draws, *, max_len, bos, eos, pad, k, nucleus):
+    """Greedy (draws None) or sampling (draws = uniforms, 1/temperature, top_p)."""
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
@@ -97,7 +121,13 @@ def _greedy_jit(graphdef, state, src_ids, src_mask, *, max_len, bos, eos, pad):
         t, tokens, scores, finished, cache = carry
         inputs = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
         logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
-        next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished, pad, eos)
+        chosen = None
+        if draws is not None:
+            uniforms, inverse_temperature, top_p = draws
+            chosen = sampling_module.sample_ids(logits, uniforms[:, t], inverse_temperature,
+                                                top_p, k=k, nucleus=nucleus)
+        next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished, pad, eos,
+                                                 chosen)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
         return t + 1, tokens, scores, finished, cache
 

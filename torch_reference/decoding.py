@@ -6,14 +6,19 @@ same tie-breaking (the lowest index wins a tie, as `jax.lax.top_k` and
 stable sort), same length penalty. Here the loops are Python loops.
 
     greedy_search(model, src_ids, max_len=...)          -> tokens (B, L), scores (B,)
+    sample(model, src_ids, max_len=..., sampling=Sampling(temperature=0.8, top_p=0.9, seed=0))
+                                                         -> tokens (B, L), scores (B,)
     beam_search(model, src_ids, max_len=..., beam_size=4, alpha=0.6)
                                                          -> tokens (B, K, L), scores (B, K)
     greedy_search_uncached(model, src_ids, max_len=...) -> the seed-style baseline
 
 Tokens are the generated ids (the decoder's start token is not included),
-ending with eos and padded with pad after it; L = max_len. Greedy scores are
-sums of log-probabilities (eos included); beam scores are those sums divided
+ending with eos and padded with pad after it; L = max_len. Greedy and sampled
+scores are sums of the model's log-probabilities (eos included; sampling's
+temperature and cuts do not change them); beam scores are those sums divided
 by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first.
+Sampling draws its randomness in numpy (transformer_core.generation), so both
+frameworks pick the same tokens for the same seed.
 The model runs in eval mode (its mode is restored afterwards).
 """
 
@@ -25,6 +30,9 @@ import torch
 
 from torch_reference.masks import padding_mask
 from torch_reference.model import Transformer
+from torch_reference import sampling as sampling_module
+from torch_reference.sampling import top_k
+from transformer_core.generation import Sampling
 
 NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
 
@@ -32,12 +40,6 @@ NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
 def length_penalty(length, alpha: float):
     """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
-
-
-def top_k(x, k: int):
-    """Like jax.lax.top_k along the last axis: ties go to the lowest index."""
-    values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
-    return values[..., :k], indices[..., :k]
 
 
 @contextlib.contextmanager
@@ -70,10 +72,12 @@ def _log_softmax(logits):  # (..., V), at least float32
 
 # ------------------------------------------------------------------ greedy
 
-def greedy_pick(log_probs, scores, finished, pad: int, eos: int):
-    """One greedy step from log-probabilities (B, V): the next ids (B,) (pad once a
-    sentence has finished), the summed scores (B,) and the finished flags (B,)."""
-    next_ids = log_probs.argmax(dim=-1)  # (B,)
+def greedy_pick(log_probs, scores, finished, pad: int, eos: int, next_ids=None):
+    """One step from log-probabilities (B, V): the next ids (B,) (the argmax unless
+    given; pad once a sentence has finished), the summed scores (B,) and the
+    finished flags (B,)."""
+    if next_ids is None:
+        next_ids = log_probs.argmax(dim=-1)  # (B,)
     best = log_probs.gather(-1, next_ids[:, None])[:, 0]
     next_ids = torch.where(finished, pad, next_ids)
     scores = scores + torch.where(finished, 0.0, best).to(scores.dtype)
@@ -87,22 +91,45 @@ def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, e
     """
     src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
     with _eval_mode(model):
-        B = src_ids.shape[0]
-        memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
-        cache = model.init_cache(memory, max_len)
-        tokens = src_ids.new_full((B, max_len + 1), ids["pad"])  # (B, 1 + L)
-        tokens[:, 0] = ids["bos"]
-        scores = memory.new_zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
-        finished = src_ids.new_zeros(B, dtype=torch.bool)
-        for t in range(max_len):
-            inputs = tokens[:, t:t + 1]  # (B, 1)
-            logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
-            next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished,
-                                                     ids["pad"], ids["eos"])
-            tokens[:, t + 1] = next_ids
-            if finished.all():
-                break
-        return tokens[:, 1:], scores
+        return _pick(model, src_ids, src_mask, None, max_len=max_len, k=0, nucleus=False, **ids)
+
+
+def sample(model: Transformer, src_ids, *, max_len: int, sampling: Sampling, uniforms=None,
+           src_mask=None, eos_id=None):
+    """Sampling (temperature, top-k, top-p; see transformer_core.generation):
+    (B, S) source ids -> tokens (B, max_len) int64, scores (B,). Token t of
+    sentence b uses uniforms[b, t], by default sampling.uniforms(B, max_len).
+    Temperature 0 is greedy_search."""
+    src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    draws, static = sampling_module.prepare(sampling, src_ids.shape[0], max_len,
+                                            model.config.tgt_vocab_size, model.device, uniforms)
+    with _eval_mode(model):
+        return _pick(model, src_ids, src_mask, draws, max_len=max_len, **static, **ids)
+
+
+def _pick(model, src_ids, src_mask, draws, *, max_len, bos, eos, pad, k, nucleus):
+    """Greedy (draws None) or sampling (draws = uniforms, 1/temperature, top_p)."""
+    B = src_ids.shape[0]
+    memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
+    cache = model.init_cache(memory, max_len)
+    tokens = src_ids.new_full((B, max_len + 1), pad)  # (B, 1 + L)
+    tokens[:, 0] = bos
+    scores = memory.new_zeros(B, dtype=torch.promote_types(memory.dtype, torch.float32))
+    finished = src_ids.new_zeros(B, dtype=torch.bool)
+    for t in range(max_len):
+        inputs = tokens[:, t:t + 1]  # (B, 1)
+        logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
+        chosen = None
+        if draws is not None:
+            uniforms, inverse_temperature, top_p = draws
+            chosen = sampling_module.sample_ids(logits, uniforms[:, t], inverse_temperature,
+                                                top_p, k=k, nucleus=nucleus)
+        next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished, pad, eos,
+                                                 chosen)
+        tokens[:, t + 1] = next_ids
+        if finished.all():
+            break
+    return tokens[:, 1:], scores
 
 
 # -------------------------------------------------------------------- beam
