@@ -260,12 +260,12 @@ def test_search_compiles_once_per_shape(models):
     model, _ = models
     src = source_batch()
     jax_decoding.greedy_search(model, src, max_len=MAX_LEN)
-    before = jax_decoding._greedy_jit._cache_size()
+    before = jax_decoding._pick_jit._cache_size()
     other = Transformer(model.config, rngs=nnx.Rngs(5), dtype=jnp.float64,
                         param_dtype=jnp.float64)  # new weights, same shapes
     jax_decoding.greedy_search(other, src[::-1].copy(), max_len=MAX_LEN)
     jax_decoding.greedy_search(model, src, max_len=MAX_LEN)
-    assert jax_decoding._greedy_jit._cache_size() == before
+    assert jax_decoding._pick_jit._cache_size() == before
     jax_decoding.beam_search(model, src, max_len=MAX_LEN, beam_size=BEAM, alpha=0.6)
     before = jax_decoding._beam_jit._cache_size()
     jax_decoding.beam_search(other, src, max_len=MAX_LEN, beam_size=BEAM, alpha=1.1)
