@@ -5,11 +5,12 @@ Read it side by side with torch_reference/lm_decoding.py: same functions, same
 steps, same tie-breaking and the same randomness as the encoder-decoder searches
 (jax_transformer/decoding.py, transformer_core.generation).
 
-    greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N) -> tokens (B, N), scores (B,)
+    greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N)
+                                                    -> tokens (B, N), scores (B,)
     sample(model, prompt_ids, prompt_lengths, max_new_tokens=N, sampling=Sampling(...))
-                                                                        -> tokens (B, N), scores (B,)
+                                                    -> tokens (B, N), scores (B,)
     beam_search(model, prompt_ids, prompt_lengths, max_new_tokens=N, beam_size=4, alpha=0.6)
-                                                                        -> tokens (B, K, N), scores (B, K)
+                                                    -> tokens (B, K, N), scores (B, K)
 
 Prompts are right-padded: row b's prompt is prompt_ids[b, :prompt_lengths[b]]
 (at least one token, e.g. bos; transformer_core.generation.pad_prompts builds

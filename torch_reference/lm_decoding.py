@@ -5,11 +5,12 @@ The reference for jax_transformer/lm_decoding.py (the scheme is explained
 there): same functions, same steps, same tie-breaking, the same randomness
 (transformer_core.generation). Here the loops are Python loops.
 
-    greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N) -> tokens (B, N), scores (B,)
+    greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N)
+                                                    -> tokens (B, N), scores (B,)
     sample(model, prompt_ids, prompt_lengths, max_new_tokens=N, sampling=Sampling(...))
-                                                                        -> tokens (B, N), scores (B,)
+                                                    -> tokens (B, N), scores (B,)
     beam_search(model, prompt_ids, prompt_lengths, max_new_tokens=N, beam_size=4, alpha=0.6)
-                                                                        -> tokens (B, K, N), scores (B, K)
+                                                    -> tokens (B, K, N), scores (B, K)
 
 Prompts are right-padded, row b's prompt is prompt_ids[b, :prompt_lengths[b]];
 inside it the prompt's tokens are forced, after it the decoder chooses. Tokens

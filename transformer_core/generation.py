@@ -3,7 +3,7 @@
 Sampling draws its randomness here, once, in numpy, so that JAX and torch pick
 the same tokens for the same seed:
 
-    uniforms = Sampling(seed=s).uniforms(B, N)  # numpy.random.default_rng(s).random((B, N)), float64
+    uniforms = Sampling(seed=s).uniforms(B, N)  # default_rng(s).random((B, N)), float64
 
 Row b's n-th sampled token consumes uniforms[b, n] (n counts the tokens that
 row generates, so a prompt's length does not shift its draws). Each framework
