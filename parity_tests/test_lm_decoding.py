@@ -26,10 +26,12 @@ SAMPLINGS = {"plain": Sampling(seed=0), "top_k": Sampling(temperature=0.8, top_k
 
 
 def prompts():
-    """(5, 6) right-padded prompts of lengths 6, 1, 3, 6, 2 (pad after each)."""
+    """(5, 6) right-padded prompts of lengths 6, 1, 3, 6, 2 (pad after each); an eos
+    inside a prompt ends nothing."""
     ids = np.random.RandomState(0).randint(4, CONFIG.vocab_size, (5, 6))
     lengths = np.array([6, 1, 3, 6, 2])
     ids[np.arange(6) >= lengths[:, None]] = CONFIG.pad_id
+    ids[3, 2] = CONFIG.eos_id
     return ids, lengths
 
 
@@ -149,7 +151,17 @@ def test_beam_jax_equals_torch(models):
                                                        max_new_tokens=NEW, beam_size=BEAM,
                                                        alpha=0.6))
     assert (np.diff(np.asarray(scores), axis=1) <= 0).all()  # best beam first
-    assert len(set(lengths_to_eos(tokens)[:, 0].tolist())) >= 3
+    ends = lengths_to_eos(tokens[:, 0])
+    assert len(set(ends.tolist())) >= 3 and (ends > 0).all()
+    # best beams rescored by a full forward pass: log-probability / lp(new tokens)
+    full = np.concatenate([ids, np.zeros((5, NEW), int)], axis=1)
+    for row, n in enumerate(lengths):
+        full[row, n:n + NEW] = tokens[row, 0]
+    with torch.no_grad():
+        log_probs = to_numpy(torch.log_softmax(torch_model(to_torch(full)), dim=-1))
+    for row, (n, end) in enumerate(zip(lengths, ends)):
+        picked = log_probs[row, np.arange(n - 1, n - 1 + end), full[row, n:n + end]]
+        assert abs(picked.sum() / ((5.0 + end) / 6.0) ** 0.6 - float(scores[row, 0])) < 1e-9
 
 
 @pytest.mark.slow
