@@ -196,15 +196,17 @@ def test_prompts_of_different_lengths_equal_each_alone(models, framework):
     ids, lengths = prompts()
     settings = SAMPLINGS["all"]
     uniforms = settings.uniforms(len(ids), NEW)
-    searches = {"greedy": (lm.greedy_search, {}),
-                "sample": (lm.sample, dict(sampling=settings)),
-                "beam": (lm.beam_search, dict(beam_size=BEAM))}
-    for name, (search, kwargs) in searches.items():
-        tokens, scores = search(model, ids, lengths, max_new_tokens=NEW, **kwargs)
+    searches = {"greedy": (lm.greedy_search, NEW, {}),
+                "sample": (lm.sample, NEW, dict(sampling=settings)),
+                "beam": (lm.beam_search, NEW, dict(beam_size=BEAM)),
+                # stopped before any beam finishes: rows done stay as they are
+                "beam_short": (lm.beam_search, 2, dict(beam_size=BEAM))}
+    for name, (search, new, kwargs) in searches.items():
+        tokens, scores = search(model, ids, lengths, max_new_tokens=new, **kwargs)
         for row, n in enumerate(lengths):
             alone = ids[row:row + 1] if framework == "jax" else ids[row:row + 1, :n]
             extra = dict(uniforms=uniforms[row:row + 1]) if name == "sample" else {}
-            one_tokens, one_scores = search(model, alone, [n], max_new_tokens=NEW, **kwargs,
+            one_tokens, one_scores = search(model, alone, [n], max_new_tokens=new, **kwargs,
                                             **extra)
             np.testing.assert_array_equal(to_numpy(one_tokens)[0], to_numpy(tokens)[row], name)
             np.testing.assert_allclose(to_numpy(one_scores)[0], to_numpy(scores)[row],
