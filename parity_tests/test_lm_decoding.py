@@ -186,11 +186,15 @@ def test_float32_sampling_jax_equals_torch(models):
                                        rtol=0)
 
 
-@pytest.mark.parametrize("framework", fast_tier(["torch", "jax"], fast={"torch"}))
-def test_prompts_of_different_lengths_equal_each_alone(models, framework):
+@pytest.mark.parametrize("case", fast_tier(
+    [("torch", "greedy beam_short"), ("torch", "sample beam"),
+     ("jax", "greedy sample beam beam_short")],
+    fast={("torch", "greedy beam_short")}), ids=["torch_fast", "torch", "jax"])
+def test_prompts_of_different_lengths_equal_each_alone(models, case):
     """Each prompt continued alone gets the batch's tokens and scores (sampling
     with its row of the batch's uniforms). Alone means unpadded in torch; in JAX
     the prompt keeps the batch's width (one compilation per search)."""
+    framework, searched = case
     model = models[0] if framework == "jax" else models[1]
     lm = jax_lm if framework == "jax" else torch_lm
     ids, lengths = prompts()
@@ -201,7 +205,8 @@ def test_prompts_of_different_lengths_equal_each_alone(models, framework):
                 "beam": (lm.beam_search, NEW, dict(beam_size=BEAM)),
                 # stopped before any beam finishes: rows done stay as they are
                 "beam_short": (lm.beam_search, 2, dict(beam_size=BEAM))}
-    for name, (search, new, kwargs) in searches.items():
+    for name in searched.split():
+        search, new, kwargs = searches[name]
         tokens, scores = search(model, ids, lengths, max_new_tokens=new, **kwargs)
         for row, n in enumerate(lengths):
             alone = ids[row:row + 1] if framework == "jax" else ids[row:row + 1, :n]
