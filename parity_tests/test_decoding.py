@@ -20,6 +20,7 @@ from jax_transformer.model import Transformer
 from parity_tests.helpers import (TORCH_DEVICE, fast_tier, skip_unless_float64, to_numpy,
                                   to_torch)
 from torch_reference import decoding as torch_decoding
+from transformer_core.generation import Sampling
 
 CONFIG = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=32, num_heads=4,
                            d_ff=64, num_encoder_layers=1, num_decoder_layers=2, max_len=32,
@@ -170,6 +171,24 @@ def test_greedy_jax_equals_torch(models):
             assert (row[n:] == CONFIG.pad_id).all()
 
 
+@pytest.mark.parametrize("settings", fast_tier(
+    [Sampling(temperature=0.7, top_k=8, top_p=0.9, seed=3), Sampling(seed=4),
+     Sampling(temperature=0)], fast={Sampling(temperature=0.7, top_k=8, top_p=0.9, seed=3)}),
+    ids=["all_cuts", "plain", "temperature_0"])
+def test_sample_jax_equals_torch(models, settings):
+    """Sampling from the encoder-decoder: the same tokens for the same seed;
+    temperature 0 is greedy search."""
+    model, torch_model = models
+    jax_tokens, jax_scores = jax_decoding.sample(model, source_batch(), max_len=MAX_LEN,
+                                                 sampling=settings)
+    torch_tokens, torch_scores = torch_decoding.sample(torch_model, source_batch(),
+                                                       max_len=MAX_LEN, sampling=settings)
+    np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+    np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
+    greedy, _ = torch_decoding.greedy_search(torch_model, source_batch(), max_len=MAX_LEN)
+    assert (to_numpy(greedy) == to_numpy(torch_tokens)).all() == settings.greedy
+
+
 @pytest.mark.parametrize("alpha", fast_tier([0.6, 0.0, 2.0], fast={0.6}))
 def test_beam_jax_equals_torch(models, alpha):
     model, torch_model = models
@@ -260,12 +279,12 @@ def test_search_compiles_once_per_shape(models):
     model, _ = models
     src = source_batch()
     jax_decoding.greedy_search(model, src, max_len=MAX_LEN)
-    before = jax_decoding._greedy_jit._cache_size()
+    before = jax_decoding._pick_jit._cache_size()
     other = Transformer(model.config, rngs=nnx.Rngs(5), dtype=jnp.float64,
                         param_dtype=jnp.float64)  # new weights, same shapes
     jax_decoding.greedy_search(other, src[::-1].copy(), max_len=MAX_LEN)
     jax_decoding.greedy_search(model, src, max_len=MAX_LEN)
-    assert jax_decoding._greedy_jit._cache_size() == before
+    assert jax_decoding._pick_jit._cache_size() == before
     jax_decoding.beam_search(model, src, max_len=MAX_LEN, beam_size=BEAM, alpha=0.6)
     before = jax_decoding._beam_jit._cache_size()
     jax_decoding.beam_search(other, src, max_len=MAX_LEN, beam_size=BEAM, alpha=1.1)

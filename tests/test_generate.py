@@ -1,0 +1,123 @@
+"""The generate command on a tiny random decoder-only checkpoint."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torch_reference
+from jax_transformer import TransformerConfig, generate
+from transformer_core.tokenizer import Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ("the cat dog sat on mat a house small big red blue green runs jumps over under "
+         "quick brown fox lazy river tree bird sings morning evening").split()
+PROMPTS = ["the quick brown fox", "a", "", "the bird sings over the river"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random decoder-only model (output bias: varied tokens) and its tokenizer."""
+    rng = np.random.RandomState(0)
+    corpus = [" ".join(rng.choice(WORDS, size=rng.randint(3, 10))) for _ in range(300)]
+    tokenizer = Tokenizer.train(corpus, tmp_path_factory.mktemp("spm") / "spm.model",
+                                vocab_size=60)
+    config = TransformerConfig(architecture="decoder_only", src_vocab_size=tokenizer.vocab_size,
+                               tgt_vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
+                               d_ff=32, num_decoder_layers=2, max_len=32, tie_output=False,
+                               output_bias=True)
+    torch.manual_seed(0)
+    model = torch_reference.DecoderOnlyTransformer(config)
+    with torch.no_grad():
+        model.output_projection.weight.mul_(8)
+        model.output_projection.bias[config.eos_id] = -3.0  # long continuations
+    directory = tmp_path_factory.mktemp("lm")
+    model.save_pretrained(directory, tokenizer=tokenizer.path)
+    return directory
+
+
+def run_main(args, capsys):
+    code = generate.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+SAMPLE = ["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"]
+
+
+@pytest.mark.parametrize("flags", [SAMPLE,
+                                   pytest.param(["--temperature", "0"], marks=pytest.mark.slow),
+                                   pytest.param(["--beam-size", "3"], marks=pytest.mark.slow)],
+                         ids=["sample", "greedy", "beam"])
+def test_both_frameworks_print_the_same_text(checkpoint, tmp_path, capsys, flags):
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(PROMPTS[1:]) + "\n")
+    outputs = {}
+    for framework in ("jax", "torch"):
+        code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
+                                   "--prompt-file", prompt_file, "--max-new-tokens", "12",
+                                   "--framework", framework, *flags], capsys)
+        assert code == 0, err
+        assert len(out) == len(PROMPTS) and all(out), out
+        outputs[framework] = out
+    assert outputs["jax"] == outputs["torch"]
+    if flags == SAMPLE:  # another seed, other text
+        code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
+                                   "--prompt-file", prompt_file, "--max-new-tokens", "12",
+                                   "--framework", "torch", *SAMPLE[:-1], "4"], capsys)
+        assert code == 0 and out != outputs["torch"]
+
+
+def test_errors_are_clear(checkpoint, tmp_path, capsys):
+    translator = tmp_path / "translator"
+    torch_reference.Transformer(TransformerConfig(
+        src_vocab_size=60, tgt_vocab_size=60, d_model=16, num_heads=2, d_ff=32,
+        num_encoder_layers=1, num_decoder_layers=1)).save_pretrained(translator)
+    for args, message in (
+            (["--checkpoint", translator], "holds an encoder_decoder model; generate continues "
+                                           "text with decoder_only models"),
+            (["--checkpoint", tmp_path / "nope"], "does not exist"),
+            (["--checkpoint", tmp_path], "has no config.json"),
+            (["--temperature", "-1"], "temperature must be >= 0"),
+            (["--top-p", "0"], "top_p must be in (0, 1]"),
+            (["--top-k", "-2"], "top_k must be an integer >= 0"),
+            (["--max-new-tokens", "40"], "exceed the model's max_len 32")):
+        args = ["--checkpoint", checkpoint, *args] if args[0] != "--checkpoint" else args
+        code, out, err = run_main([*args, "--prompt", "a", "--framework", "torch"], capsys)
+        assert (code, out) == (2, []), err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+
+    no_tokenizer = tmp_path / "no_tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tokenizer / name).write_bytes((checkpoint / name).read_bytes())
+    code, _, err = run_main(["--checkpoint", no_tokenizer, "--prompt", "a"], capsys)
+    assert code == 2 and "has no tokenizer.model" in err
+
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage and exit code 2
+        generate.parse_args(["--checkpoint", str(checkpoint), "--prompt", "a",
+                             "--beam-size", "2", "--top-k", "5"])
+    assert exit_info.value.code == 2
+    assert "drop --top-k" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_command_line_torch_needs_no_jax(checkpoint):
+    """`python -m jax_transformer.generate --framework torch` (via runpy, as -m does)
+    never imports JAX."""
+    script = ("import runpy, sys\n"
+              "sys.argv = ['generate'] + sys.argv[1:]\n"
+              "try:\n"
+              "    runpy.run_module('jax_transformer.generate', run_name='__main__')\n"
+              "except SystemExit as e:\n"
+              "    assert e.code in (0, None), e.code\n"
+              "assert 'jax' not in sys.modules, 'JAX was imported'\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "--checkpoint", str(checkpoint), "--framework", "torch",
+         "--prompt", "the cat", "--prompt", "a dog", "--top-k", "5", "--max-new-tokens", "6"],
+        capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2
