@@ -4,6 +4,8 @@
     pairs --encode_pairs-----> src_ids, tgt_ids (int32 piece arrays, no specials)
           --PackedBatches----> {"src", "src_segments", "src_positions",     (R, L) each
                                 "tgt_in", "tgt_out", "tgt_segments", "tgt_positions"}
+    lines --encode_lines-----> ids, for a language model: PackedBatches(None, ids)
+                               gives the target side alone, TEXT_KEYS
 
 Packing (as in the Flax WMT example). Several pairs share a row: the source row
 holds their sources one after another (pieces + eos each), the target rows their
@@ -11,7 +13,9 @@ targets (decoder input bos + pieces, labels pieces + eos) in the same order.
 Segment ids number the pairs of a row 1, 2, ... (0 = padding) and positions
 restart at 0 for each pair, so the model (jax_transformer.masks.segment_masks)
 never attends across pairs, and the loss ignores padding. A pair needs
-len(src) + 1 source and len(tgt) + 1 target positions.
+len(src) + 1 source and len(tgt) + 1 target positions. A language model's line
+is packed as a target without a source: decoder input bos + pieces, labels
+pieces + eos, and rows of source length 0.
 
 Shapes. Rows have one of a few fixed (source length S, target length T) shapes,
 `row_shapes`; train.py uses one (`fitting_row_shape`). A batch has R = max_tokens
@@ -45,26 +49,28 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
-ENCODE_CHUNK = 10_000  # pairs per SentencePiece call in encode_pairs
+ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
 ROWS_CHECKED = 8  # pack_rows: open rows tried per target room before looking further
 ROW_SENTENCES = 4  # average sentences a row of fitting_row_shape holds, at least
-BATCH_KEYS = ("src", "src_segments", "src_positions",
-              "tgt_in", "tgt_out", "tgt_segments", "tgt_positions")
+TEXT_KEYS = ("tgt_in", "tgt_out", "tgt_segments", "tgt_positions")  # a language model's batch
+BATCH_KEYS = ("src", "src_segments", "src_positions") + TEXT_KEYS  # a translation batch
 
 
-def train_tokenizer(pairs: Sequence[Pair], model_path: str | os.PathLike,
+def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,
                     vocab_size: int = 8000, model_type: str = "unigram",
                     max_pairs: int = 1_000_000, seed: int = 0) -> Tokenizer:
-    """Train one SentencePiece vocabulary on both sides of `pairs`; save to `model_path`.
+    """Train one SentencePiece vocabulary on both sides of sentence pairs (or on lines
+    of text); save to `model_path`.
 
     `model_type` is "unigram" or "bpe" (the paper's byte-pair encoding). Corpora
-    of more than `max_pairs` pairs are sampled (by `seed`) first, as SentencePiece's
-    own input_sentence_size would, to bound its memory and time.
+    of more than `max_pairs` examples are sampled (by `seed`) first, as
+    SentencePiece's own input_sentence_size would, to bound its memory and time.
     """
-    if len(pairs) > max_pairs:
-        chosen = np.random.default_rng(seed).choice(len(pairs), max_pairs, replace=False)
-        pairs = [pairs[i] for i in np.sort(chosen)]
-    sentences = (sentence for pair in pairs for sentence in pair)
+    if len(examples) > max_pairs:
+        chosen = np.random.default_rng(seed).choice(len(examples), max_pairs, replace=False)
+        examples = [examples[i] for i in np.sort(chosen)]
+    sentences = (sentence for example in examples
+                 for sentence in ((example,) if isinstance(example, str) else example))
     return Tokenizer.train(sentences, model_path, vocab_size=vocab_size, model_type=model_type)
 
 
@@ -81,19 +87,45 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256
         raise CorpusError("encode_pairs got no pairs")
     report = CorpusReport(f"tokenized (max_len {max_len})")
     src_ids, tgt_ids = [], []
-    for start in range(0, len(pairs), ENCODE_CHUNK):  # bounds the Python lists alive at once
-        src_texts, tgt_texts = zip(*pairs[start:start + ENCODE_CHUNK])
-        encoded = zip(tokenizer.sp.encode(list(src_texts)), tokenizer.sp.encode(list(tgt_texts)))
-        for number, (src, tgt) in enumerate(encoded, start=start + 1):
-            if max(len(src), len(tgt)) + 1 > max_len:
-                report.skip(TOO_MANY_TOKENS, number)
-                continue
-            src_ids.append(np.asarray(src, dtype=np.int32))
-            tgt_ids.append(np.asarray(tgt, dtype=np.int32))
+    encoded = zip(_encode(tokenizer, [src for src, _ in pairs]),
+                  _encode(tokenizer, [tgt for _, tgt in pairs]))
+    for number, (src, tgt) in enumerate(encoded, start=1):
+        if max(len(src), len(tgt)) + 1 > max_len:
+            report.skip(TOO_MANY_TOKENS, number)
+            continue
+        src_ids.append(np.asarray(src, dtype=np.int32))
+        tgt_ids.append(np.asarray(tgt, dtype=np.int32))
     report.kept = len(src_ids)
     if not src_ids:
         raise CorpusError(f"{report}: every pair is longer than max_len {max_len} tokens")
     return src_ids, tgt_ids, report
+
+
+def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_len: int = 256,
+                 ) -> tuple[list[np.ndarray], CorpusReport]:
+    """Encode a language model's lines into piece ids, dropping those that need more
+    than `max_len` positions with their bos (or eos). Returns (ids, report), as
+    `encode_pairs` does for pairs."""
+    if not lines:
+        raise CorpusError("encode_lines got no lines")
+    report = CorpusReport(f"tokenized (max_len {max_len})", unit="lines")
+    ids = []
+    for number, pieces in enumerate(_encode(tokenizer, lines), start=1):
+        if len(pieces) + 1 > max_len:
+            report.skip(TOO_MANY_TOKENS, number)
+            continue
+        ids.append(np.asarray(pieces, dtype=np.int32))
+    report.kept = len(ids)
+    if not ids:
+        raise CorpusError(f"{report}: every line is longer than max_len {max_len} tokens")
+    return ids, report
+
+
+def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[int]]:
+    """Each text's piece ids, encoded ENCODE_CHUNK texts at a time (one SentencePiece
+    call each), which bounds the Python lists alive at once."""
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        yield from tokenizer.sp.encode(list(texts[start:start + ENCODE_CHUNK]))
 
 
 def bucket_lengths(max_len: int, buckets: Iterable[int] = DEFAULT_BUCKETS) -> list[int]:
@@ -156,23 +188,31 @@ def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
 
 
 class PackedBatches:
-    """One split's encoded pairs, served as packed fixed-shape batches."""
+    """One split's encoded pairs (or a language model's lines), served as packed
+    fixed-shape batches."""
 
-    def __init__(self, src_ids: Sequence[np.ndarray], tgt_ids: Sequence[np.ndarray],
+    def __init__(self, src_ids: Sequence[np.ndarray] | None, tgt_ids: Sequence[np.ndarray],
                  max_tokens: int, row_shapes: Sequence[tuple[int, int]],
                  batch_multiple: int = 1, shuffle: bool = True, seed: int = 0):
         """`max_tokens` bounds the token slots of each side of a batch (padding
         included, as fairseq's --max-tokens); `row_shapes` are the (source length,
         target length) of the rows (see `fitting_row_shape`); `batch_multiple` is
-        usually the device count; `shuffle=False` gives one fixed plan, for evaluation."""
-        if len(src_ids) != len(tgt_ids) or not src_ids:
+        usually the device count; `shuffle=False` gives one fixed plan, for evaluation.
+        `src_ids` None: a language model's lines, `tgt_ids`, without a source side:
+        row shapes (0, T), batches of TEXT_KEYS."""
+        if not tgt_ids or (src_ids is not None and len(src_ids) != len(tgt_ids)):
             raise CorpusError(f"need equally many source and target examples, at least one; "
-                              f"got {len(src_ids)} and {len(tgt_ids)}")
+                              f"got {'no' if src_ids is None else len(src_ids)} and "
+                              f"{len(tgt_ids)}")
         if batch_multiple < 1:
             raise CorpusError(f"batch_multiple must be positive, got {batch_multiple}")
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
+        self.keys = TEXT_KEYS if src_ids is None else BATCH_KEYS
         self.shuffle, self.seed, self.max_tokens = shuffle, seed, max_tokens
-        self.src_needed, self.tgt_needed = positions_needed(src_ids), positions_needed(tgt_ids)
+        # A text row's source side is empty: every line needs 0 source positions.
+        self.src_needed = (np.zeros(len(tgt_ids), np.int64) if src_ids is None
+                           else positions_needed(src_ids))
+        self.tgt_needed = positions_needed(tgt_ids)
         self.row_shapes = sorted({(int(S), int(T)) for S, T in row_shapes}, key=max)
         for side, needed in (("source", self.src_needed), ("target", self.tgt_needed)):
             room = max(shape[side == "target"] for shape in self.row_shapes)
@@ -195,6 +235,8 @@ class PackedBatches:
         for the same data."""
         digest = hashlib.sha256()
         for ids in (self.src_ids, self.tgt_ids):
+            if ids is None:
+                continue
             for start in range(0, len(ids), ENCODE_CHUNK):
                 chunk = ids[start:start + ENCODE_CHUNK]
                 digest.update(np.array([len(x) for x in chunk], np.int64).tobytes())
@@ -215,8 +257,8 @@ class PackedBatches:
 
     def _plan(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
         rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-        order = rng.permutation(len(self.src_ids)) if rng is not None else np.arange(
-            len(self.src_ids))
+        count = len(self.tgt_ids)
+        order = rng.permutation(count) if rng is not None else np.arange(count)
         rows = pack_rows(self.src_needed, self.tgt_needed, order, self.row_shapes)
         plan = []
         for c, R in enumerate(self.rows_per_batch):
@@ -235,9 +277,12 @@ class PackedBatches:
         src_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][0] for c, _ in plan)
         tgt_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][1] for c, _ in plan)
         src, tgt = int(self.src_needed.sum()), int(self.tgt_needed.sum())
-        return {"real_fraction": (src + tgt) / (src_slots + tgt_slots),
-                "src_real_fraction": src / src_slots, "tgt_real_fraction": tgt / tgt_slots,
+        fill = {"real_fraction": (src + tgt) / (src_slots + tgt_slots),
+                "tgt_real_fraction": tgt / tgt_slots,
                 "tgt_tokens_per_batch": tgt / len(plan), "batches": len(plan)}
+        if src_slots:
+            fill["src_real_fraction"] = src / src_slots
+        return fill
 
     def make_batch(self, shape: int, rows: list[list[int]]) -> dict[str, np.ndarray]:
         """Lay the given rows of examples out as one batch of row shape `shape`."""
@@ -248,8 +293,8 @@ class PackedBatches:
         first_in_row = np.cumsum([0] + sizes[:-1])  # (rows,) index of each row's first example
         segment = np.arange(len(examples)) - np.repeat(first_in_row, sizes) + 1  # 1, 2, ... per row
         batch = {}
-        for side, ids, needed, L in (("src", self.src_ids, self.src_needed, S),
-                                     ("tgt", self.tgt_ids, self.tgt_needed, T)):
+        sides = [("src", self.src_ids, self.src_needed, S)] if self.src_ids is not None else []
+        for side, ids, needed, L in sides + [("tgt", self.tgt_ids, self.tgt_needed, T)]:
             lengths = needed[examples]  # (n,)
             offset = np.cumsum(lengths) - lengths  # each example's start in the flat stream
             column = offset - offset[first_in_row][row_of]  # ... and in its row
@@ -272,7 +317,7 @@ class PackedBatches:
                 batch[name] = lay_out(stream, PAD_ID)
             batch[f"{side}_segments"] = lay_out(np.repeat(segment, lengths))
             batch[f"{side}_positions"] = lay_out(within)
-        return {key: batch[key] for key in BATCH_KEYS}
+        return {key: batch[key] for key in self.keys}
 
     def epoch(self, epoch: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """One pass over the split (e.g. for evaluation)."""
@@ -287,15 +332,18 @@ class PackedBatches:
         return iterator
 
 
-def fitting_row_shape(src_needed: np.ndarray, tgt_needed: np.ndarray,
+def fitting_row_shape(src_needed: np.ndarray | None, tgt_needed: np.ndarray,
                       max_len: int) -> tuple[int, int]:
     """train.py's one row shape (S, T) for sentences needing these positions. The side
     with more tokens in all gets the shortest bucket up to `max_len` that holds its
     longest sentence and ROW_SENTENCES average ones (long rows pack tightly); the other
     side a length in proportion to its tokens, and at least its longest sentence, so
-    both sides fill alike."""
+    both sides fill alike. `src_needed` None (a language model's lines): (0, T)."""
     def fit(length: float) -> int:
         return padded_length(min(length, max_len), bucket_lengths(max_len))
+
+    if src_needed is None:
+        return 0, fit(max(tgt_needed.max(), ROW_SENTENCES * tgt_needed.mean()))
 
     swapped = src_needed.sum() < tgt_needed.sum()
     longer, shorter = (tgt_needed, src_needed) if swapped else (src_needed, tgt_needed)

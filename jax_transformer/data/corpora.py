@@ -1,19 +1,24 @@
-"""Sentence-pair corpora: the built-in number-words task and user files.
+"""Corpora: sentence pairs for translation, lines of text for language models.
 
-Everything here yields plain `(source, target)` string pairs; tokenizing and
-batching live in `jax_transformer.data.batching`. Needs neither JAX nor torch.
+Everything here yields plain `(source, target)` string pairs or text lines;
+tokenizing and batching live in `jax_transformer.data.batching`. Needs neither
+JAX nor torch.
 
 Built-in corpus (`number_corpus`): numbers written out in two languages with
 num2words, e.g. ("three hundred and forty-two", "dreihundertzweiundvierzig").
 The test and dev numbers never occur in training.
 
-User corpora, with the bad-data policy (documented in docs/data.md):
+Built-in text (`counting_text`, for language models): lines that count on in
+words, e.g. "ninety-eight; ninety-nine; one hundred; one hundred and one".
+
+User corpora (`read_parallel_text`, `read_columns`, `read_text`), with the
+bad-data policy (documented in docs/data.md):
 
     empty file, unequal line counts, missing column, no usable pair  -> CorpusError
     empty line, line over `max_chars`, bytes that are not UTF-8,
     CSV row with too few fields                                      -> counted skip
 
-A skip drops the whole pair and is counted in a `CorpusReport` (with the first
+A skip drops the whole pair (or line) and is counted in a `CorpusReport` (with the first
 line number per reason), which train.py prints. Lines are split on b"\\n" only:
 Python's text mode also splits on a lone \\r, str.splitlines also on U+2028 and
 U+0085; all occur inside WMT sentences and would silently misalign the two sides.
@@ -28,7 +33,7 @@ import dataclasses
 import itertools
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 from num2words import CONVERTER_CLASSES, num2words
@@ -36,6 +41,7 @@ from num2words import CONVERTER_CLASSES, num2words
 from transformer_core.errors import InputError
 
 Pair = tuple[str, str]
+Example = TypeVar("Example")  # a Pair or a line of text
 
 # Skip reasons, as counted in CorpusReport.skipped.
 EMPTY, TOO_LONG, UNDECODABLE, MALFORMED_ROW = "empty", "too long", "not UTF-8", "malformed row"
@@ -50,6 +56,7 @@ class CorpusReport:
     """What reading a corpus kept and skipped; `str(report)` is one printable line."""
 
     source: str
+    unit: str = "pairs"  # what is kept: "pairs", or "lines" of text
     kept: int = 0
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     first_line: dict[str, int] = dataclasses.field(default_factory=dict)  # reason -> line
@@ -59,7 +66,7 @@ class CorpusReport:
         self.first_line.setdefault(reason, line)
 
     def __str__(self) -> str:
-        text = f"{self.source}: kept {self.kept} pairs"
+        text = f"{self.source}: kept {self.kept} {self.unit}"
         if self.skipped:
             reasons = ", ".join(f"{count} {reason} (first at line {self.first_line[reason]})"
                                 for reason, count in sorted(self.skipped.items()))
@@ -132,17 +139,44 @@ def number_corpus(src_lang: str = "en", tgt_lang: str = "de", num_train: int = 5
             "train": pairs[num_test + num_dev:]}
 
 
-def holdout_split(pairs: Sequence[Pair], num_dev: int, num_test: int,
-                  seed: int = 0) -> dict[str, list[Pair]]:
-    """Split one corpus into {"train", "dev", "test"} at random (by `seed`).
+COUNT_MIN, COUNT_MAX = 3, 8  # numbers on a line of the built-in text
 
-    For a real corpus that comes without separate dev/test files.
+
+def counting_text(lang: str = "en", num_train: int = 50_000, num_dev: int = 1_000,
+                  num_test: int = 1_000, max_number: int = 1_000_000,
+                  seed: int = 0) -> dict[str, list[str]]:
+    """Lines that count on in words (num2words language `lang`), split three ways:
+    the built-in text of `train.py --task lm`.
+
+    A line is COUNT_MIN to COUNT_MAX consecutive numbers from a start below
+    `max_number`, joined by "; " (English number words have commas of their
+    own: "two thousand, one hundred"). Starts are distinct, drawn as `sample_numbers`
+    draws, so no dev or test line starts where a training line does. All but a
+    line's first number follow from the one before, so a model that learns to
+    count predicts most tokens: its loss falls far below the text's unigram
+    entropy. Returns {"train", "dev", "test"} lists of lines; same seed, same text.
     """
-    if num_dev + num_test >= len(pairs):
-        raise CorpusError(f"cannot hold out {num_dev} dev + {num_test} test pairs "
-                          f"from a corpus of {len(pairs)}")
-    order = np.random.default_rng(seed).permutation(len(pairs))
-    shuffled = [pairs[i] for i in order]
+    rng = np.random.default_rng(seed)
+    starts = sample_numbers(num_train + num_dev + num_test, max_number, rng)
+    counts = rng.integers(COUNT_MIN, COUNT_MAX + 1, len(starts))
+    words = cardinal_words(lang, max_number + COUNT_MAX)
+    lines = ["; ".join(words(int(start) + i) for i in range(count))
+             for start, count in zip(starts, counts)]
+    return {"test": lines[:num_test],
+            "dev": lines[num_test:num_test + num_dev],
+            "train": lines[num_test + num_dev:]}
+
+
+def holdout_split(examples: Sequence[Example], num_dev: int, num_test: int,
+                  seed: int = 0) -> dict[str, list[Example]]:
+    """Split one corpus (pairs or lines) into {"train", "dev", "test"} at random (by
+    `seed`). For a real corpus that comes without separate dev/test files.
+    """
+    if num_dev + num_test >= len(examples):
+        raise CorpusError(f"cannot hold out {num_dev} dev + {num_test} test examples "
+                          f"from a corpus of {len(examples)}")
+    order = np.random.default_rng(seed).permutation(len(examples))
+    shuffled = [examples[i] for i in order]
     return {"test": shuffled[:num_test],
             "dev": shuffled[num_test:num_test + num_dev],
             "train": shuffled[num_test + num_dev:]}
@@ -260,6 +294,32 @@ def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
     return _finish(pairs, report)
 
 
+def read_text(path: str | os.PathLike, max_chars: int = 1000) -> tuple[list[str], CorpusReport]:
+    """Read a text file for a language model, one example (a sentence, a paragraph)
+    per line, UTF-8.
+
+    Raises CorpusError for a missing or empty file and when no line survives;
+    skips and counts empty lines, lines over `max_chars` characters, and lines
+    with bytes that are not UTF-8.
+    """
+    path = Path(path)
+    _check_non_empty(path)
+    report = CorpusReport(str(path), unit="lines")
+    lines = []
+    for number, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            report.skip(UNDECODABLE, number)
+            continue
+        reason = EMPTY if not text else TOO_LONG if len(text) > max_chars else None
+        if reason:
+            report.skip(reason, number)
+            continue
+        lines.append(text)
+    return _finish(lines, report)
+
+
 def _is_utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -268,8 +328,10 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _finish(pairs: list[Pair], report: CorpusReport) -> tuple[list[Pair], CorpusReport]:
-    if not pairs:
-        raise CorpusError(f"{report}: no usable sentence pair")
-    report.kept = len(pairs)
-    return pairs, report
+def _finish(examples: list[Example],
+            report: CorpusReport) -> tuple[list[Example], CorpusReport]:
+    if not examples:
+        raise CorpusError(f"{report}: no usable "
+                          + ("sentence pair" if report.unit == "pairs" else "line"))
+    report.kept = len(examples)
+    return examples, report
