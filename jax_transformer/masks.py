@@ -13,14 +13,18 @@ def causal_mask(length: int):
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def same_segment(query_segments, key_segments):
+    """Packed rows: segment ids (B, Lq) and (B, Lk), 1, 2, ... for the sequences of a
+    row and 0 for padding -> (B, 1, Lq, Lk): a query may attend to the keys of its
+    own sequence (pad keys hidden)."""
+    return ((query_segments[:, None, :, None] == key_segments[:, None, None, :])
+            & (key_segments != 0)[:, None, None, :])
+
 
 def segment_masks(src_segments, tgt_segments):
-    """Packed rows: segment ids (B, S) and (B, T), 1, 2, ... for the pairs of a row and
-    0 for padding -> the three masks that keep every pair to itself:
-    src_mask (B, 1, S, S), tgt_mask (B, 1, T, T) (also causal), memory_mask (B, 1, T, S)."""
-    def same_segment(query, key):  # (B, Lq), (B, Lk) -> (B, 1, Lq, Lk), pad keys hidden
-        return ((query[:, None, :, None] == key[:, None, None, :])
-                & (key != 0)[:, None, None, :])
+    """Packed rows of sentence pairs: segment ids (B, S) and (B, T) -> the three masks
+    that keep every pair to itself: src_mask (B, 1, S, S), tgt_mask (B, 1, T, T)
+    (also causal), memory_mask (B, 1, T, S)."""
     tgt_mask = same_segment(tgt_segments, tgt_segments) & causal_mask(tgt_segments.shape[1])
     return (same_segment(src_segments, src_segments), tgt_mask,
             same_segment(tgt_segments, src_segments))

@@ -1,5 +1,7 @@
 """Training parity: the same gradients for every parameter, and the same parameters
-after 10 optimizer steps (paper schedule, label smoothing, clipping; dropout 0)."""
+after 10 optimizer steps (paper schedule, label smoothing, clipping; dropout 0), for
+the translator on sentence-pair batches and for the single-stack models on packed
+lines of text (the batches `train.py --task lm` trains on)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,29 @@ import torch
 from flax import nnx
 
 from transformer_core import checkpoint_dir
+from jax_transformer.data.batching import PackedBatches
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
-from parity_tests.helpers import CONFIGS, build_pair, fast_tier, precision, to_numpy, to_torch
+from parity_tests.helpers import (CONFIGS, SINGLE_STACK_CONFIGS, build_pair, fast_tier,
+                                  precision, to_numpy, to_torch)
 from torch_reference import training as torch_training
 
-TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared"]
+TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared",
+                    "decoder_only", "decoder_only_pre_ln_untied",
+                    "decoder_only_learned_half_split", "encoder_only_pre_ln_learned"]
+ALL_CONFIGS = {**CONFIGS, **SINGLE_STACK_CONFIGS}
 
 
 def make_batch(config, seed: int, rows: int = 3, src_len: int = 7, tgt_len: int = 6):
-    """{"src", "tgt_in", "tgt_out"} with right padding, as the data pipeline makes them."""
+    """A training batch as the data pipeline makes it for the config's architecture:
+    sentence pairs, or packed lines of text for a single-stack model."""
+    if config.architecture != "encoder_decoder":
+        return text_batch(config, seed, lines=2 * rows + 1, row_length=2 * tgt_len)
+    return pair_batch(config, seed, rows, src_len, tgt_len)
+
+
+def pair_batch(config, seed: int, rows: int, src_len: int, tgt_len: int):
+    """{"src", "tgt_in", "tgt_out"} with right padding."""
     rng = np.random.default_rng(seed)
     src = rng.integers(4, config.src_vocab_size, (rows, src_len))
     pieces = rng.integers(4, config.tgt_vocab_size, (rows, tgt_len - 1))
@@ -34,14 +49,30 @@ def make_batch(config, seed: int, rows: int = 3, src_len: int = 7, tgt_len: int 
             dict(src=src, tgt_in=tgt_in, tgt_out=tgt_out).items()}
 
 
+def text_batch(config, seed: int, lines: int, row_length: int):
+    """Random lines packed several to a row ({"tgt_in", "tgt_out", "tgt_segments",
+    "tgt_positions"}), an all-pad row at the end: one batch of 4 rows."""
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(4, config.vocab_size, rng.integers(1, row_length // 2)).astype(np.int32)
+           for _ in range(lines)]
+    data = PackedBatches(None, ids, max_tokens=4 * row_length, row_shapes=[(0, row_length)],
+                         shuffle=False)
+    (shape, rows), = data.epoch_plan(0)
+    assert 2 <= len(rows) < 4 and any(len(row) > 1 for row in rows), "not packed as meant"
+    return data.make_batch(shape, rows)
+
+
 def torch_batch(batch):
     return {k: to_torch(v, torch.long) for k, v in batch.items()}
 
 
 def jax_gradients(flax_model, batch, smoothing):
     """d(mean loss)/d(param) for every parameter, torch-named and torch-laid-out."""
+    inputs = jax_training.model_inputs({k: jnp.asarray(v) for k, v in batch.items()},
+                                       flax_model.config.architecture)
+
     def loss(model):
-        logits = model(jnp.asarray(batch["src"]), jnp.asarray(batch["tgt_in"]))
+        logits = model(**inputs)
         loss_sum, tokens = jax_training.label_smoothed_cross_entropy(
             logits, jnp.asarray(batch["tgt_out"]), model.config.pad_id, smoothing)
         return loss_sum / tokens
@@ -55,16 +86,18 @@ def jax_gradients(flax_model, batch, smoothing):
 
 
 @pytest.mark.parametrize("dtype", fast_tier(["float64", "float32"], fast={"float64"}))
-@pytest.mark.parametrize("name", fast_tier(TRAINING_CONFIGS, fast={"untied_bias"}))
+@pytest.mark.parametrize("name", fast_tier(TRAINING_CONFIGS,
+                                           fast={"untied_bias", "decoder_only_pre_ln_untied"}))
 def test_gradients_match(name, dtype, direction):
-    config = CONFIGS[name].replace(dropout=0.0)
+    config = ALL_CONFIGS[name].replace(dropout=0.0)
     batch = make_batch(config, seed=1)
     with precision(dtype) as dtypes:
         flax_model, torch_model = build_pair(config, direction, dtypes)
         grads_f = jax_gradients(flax_model, batch, smoothing=0.1)
     tb = torch_batch(batch)
+    logits = torch_model(**torch_training.model_inputs(tb, config.architecture))
     loss_sum, tokens = torch_training.label_smoothed_cross_entropy(
-        torch_model(tb["src"], tb["tgt_in"]), tb["tgt_out"], config.pad_id, 0.1)
+        logits, tb["tgt_out"], config.pad_id, 0.1)
     (loss_sum / tokens).backward()
     grads_t = {k: to_numpy(p.grad) for k, p in torch_model.named_parameters()}
     assert sorted(grads_f) == sorted(grads_t)
@@ -86,13 +119,15 @@ def test_gradients_match(name, dtype, direction):
 
 
 # Which side initialises does not matter here (test_gradients_match covers both
-# directions), nor does the config to accumulation: 4 cases instead of 12 keeps CI fast.
+# directions), nor does the config to accumulation: a few cases keep CI fast.
 @pytest.mark.slow
 @pytest.mark.parametrize("name, accumulate, direction", [
     ("post_ln", 1, "flax_to_torch"), ("post_ln", 2, "torch_to_flax"),
-    ("pre_ln_final_norm", 1, "torch_to_flax"), ("untied_bias", 1, "flax_to_torch")])
+    ("pre_ln_final_norm", 1, "torch_to_flax"), ("untied_bias", 1, "flax_to_torch"),
+    ("decoder_only_pre_ln_untied", 1, "flax_to_torch"), ("decoder_only", 2, "torch_to_flax"),
+    ("encoder_only_pre_ln_learned", 1, "torch_to_flax")])
 def test_ten_optimizer_steps_match(name, accumulate, direction):
-    config = CONFIGS[name].replace(dropout=0.0)
+    config = ALL_CONFIGS[name].replace(dropout=0.0)
     steps, warmup, clip_norm = 10, 4, 0.25
     batches = [[make_batch(config, seed=10 * s + m, rows=2 + m) for m in range(accumulate)]
                for s in range(steps)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torch_reference.masks import segment_masks
+from torch_reference.masks import causal_mask, same_segment, segment_masks
 
 
 def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
@@ -21,9 +21,21 @@ def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float =
     return loss_sum, (labels != pad_id).sum()
 
 
-def model_inputs(batch) -> dict:
-    """The model's arguments for a batch: {"src", "tgt_in"} ids, and for a packed batch
-    (jax_transformer.data.batching) the masks of its segment ids and its positions."""
+def model_inputs(batch, architecture: str = "encoder_decoder") -> dict:
+    """The model's arguments for a batch. A translation batch holds {"src", "tgt_in"}
+    ids; a single-stack model's batch the target side alone: "tgt_in" its input ids
+    (and "tgt_out" one label per position: the next tokens for a decoder_only model).
+    A packed batch (jax_transformer.data.batching) adds segment ids and positions,
+    which become masks that keep each sequence to itself, causal for decoders."""
+    if architecture != "encoder_decoder":
+        inputs = {"ids": batch["tgt_in"]}
+        if "tgt_segments" in batch:
+            segments = batch["tgt_segments"]
+            mask = same_segment(segments, segments)  # (B, 1, L, L)
+            if architecture == "decoder_only":
+                mask = mask & causal_mask(segments.shape[1], segments.device)
+            inputs.update(mask=mask, positions=batch["tgt_positions"])
+        return inputs
     inputs = {"src_ids": batch["src"], "tgt_ids": batch["tgt_in"]}
     if "src_segments" in batch:
         src_mask, tgt_mask, memory_mask = segment_masks(batch["src_segments"],
@@ -53,16 +65,16 @@ def make_optimizer(model: torch.nn.Module, schedule):
 def train_step(model, optimizer, scheduler, micro_batches, label_smoothing: float = 0.1,
                clip_norm: float | None = None) -> dict:
     """One update from one or more micro-batches of {"src", "tgt_in", "tgt_out"} (packed
-    ones with segment ids and positions too).
+    ones with segment ids and positions too; a single-stack model's without "src").
 
     Gradients of the summed losses are accumulated and divided once by the total
     token count: the gradient of one batch holding every micro-batch.
     """
     optimizer.zero_grad(set_to_none=True)
     loss_sum, num_tokens = 0.0, 0
-    pad_id = model.config.pad_id
+    pad_id, architecture = model.config.pad_id, model.config.architecture
     for batch in micro_batches:
-        logits = model(**model_inputs(batch))  # (B, T, V)
+        logits = model(**model_inputs(batch, architecture))  # (B, T, V)
         batch_loss, batch_tokens = label_smoothed_cross_entropy(
             logits, batch["tgt_out"], pad_id, label_smoothing)
         batch_loss.backward()

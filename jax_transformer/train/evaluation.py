@@ -1,4 +1,5 @@
-"""Held-out metrics: loss and perplexity, and translation quality (exact match, sacreBLEU)."""
+"""Held-out metrics: loss and perplexity, translation quality (exact match, sacreBLEU),
+and a text's unigram entropy (the baseline a language model must beat)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from jax_transformer.data.batching import PackedBatches
 
 
 def heldout_loss(trainer, state, batches: PackedBatches) -> dict:
-    """Label-smoothed loss per target token over one pass, and its perplexity."""
-    loss_sum, tokens = 0.0, 0
+    """Over one pass, per target token: the label-smoothed loss (what training
+    minimises), the negative log-likelihood in nats and its perplexity exp(nll)."""
+    loss_sum, nll_sum, tokens = 0.0, 0.0, 0
     for batch in batches.epoch(0):
         metrics = trainer.eval_step(state, trainer.shard_batch(batch))
         loss_sum += float(metrics["loss_sum"])
+        nll_sum += float(metrics["nll_sum"])
         tokens += int(metrics["tokens"])
-    loss = loss_sum / max(tokens, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
+    loss, nll = loss_sum / max(tokens, 1), nll_sum / max(tokens, 1)
+    return {"loss": loss, "nll": nll, "perplexity": math.exp(min(nll, 50.0)), "tokens": tokens}
 
 
 def translation_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
@@ -34,3 +37,11 @@ def translation_metrics(hypotheses: Sequence[str], references: Sequence[str]) ->
             "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
             "sentences": len(exact)}
+
+
+def unigram_entropy(labels: Sequence[np.ndarray]) -> float:
+    """The entropy, in nats per token, of the tokens' unigram distribution: the loss of
+    the best model that ignores context, to compare a language model's nll with."""
+    counts = np.bincount(np.concatenate(labels))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())

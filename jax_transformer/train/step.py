@@ -20,9 +20,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_transformer.data.batching import BATCH_KEYS
-from jax_transformer.masks import segment_masks
-from jax_transformer.model import Transformer
+from jax_transformer.data.batching import BATCH_KEYS, TEXT_KEYS
+from jax_transformer.masks import causal_mask, same_segment, segment_masks
+from jax_transformer.model import TokenModel
 
 
 def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
@@ -43,9 +43,21 @@ def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float =
     return jnp.sum(per_token * weights), jnp.sum(weights)
 
 
-def model_inputs(batch) -> dict:
-    """The model's arguments for a batch: {"src", "tgt_in"} ids, and for a packed batch
-    (jax_transformer.data.batching) the masks of its segment ids and its positions."""
+def model_inputs(batch, architecture: str = "encoder_decoder") -> dict:
+    """The model's arguments for a batch. A translation batch holds {"src", "tgt_in"}
+    ids; a single-stack model's batch the target side alone: "tgt_in" its input ids
+    (and "tgt_out" one label per position: the next tokens for a decoder_only model).
+    A packed batch (jax_transformer.data.batching) adds segment ids and positions,
+    which become masks that keep each sequence to itself, causal for decoders."""
+    if architecture != "encoder_decoder":
+        inputs = {"ids": batch["tgt_in"]}
+        if "tgt_segments" in batch:
+            segments = batch["tgt_segments"]
+            mask = same_segment(segments, segments)  # (B, 1, L, L)
+            if architecture == "decoder_only":
+                mask = mask & causal_mask(segments.shape[1])
+            inputs.update(mask=mask, positions=batch["tgt_positions"])
+        return inputs
     inputs = {"src_ids": batch["src"], "tgt_ids": batch["tgt_in"]}
     if "src_segments" in batch:
         src_mask, tgt_mask, memory_mask = segment_masks(batch["src_segments"],
@@ -100,14 +112,15 @@ class Trainer:
 
     `train_step(state, batch)` and `eval_step(state, batch)` take batches of
     {"src", "tgt_in", "tgt_out"} int32 arrays (B, L), packed ones with segment ids
-    and positions too. jit compiles once per batch shape; the data pipeline uses a
-    small fixed set of shapes.
+    and positions too; for a single-stack model (a language model) the target
+    side alone (`model_inputs`). jit compiles once per batch shape; the data
+    pipeline uses a small fixed set of shapes.
     """
 
-    def __init__(self, model: Transformer, optimizer: optax.GradientTransformation,
+    def __init__(self, model: TokenModel, optimizer: optax.GradientTransformation,
                  label_smoothing: float = 0.1, mesh: jax.sharding.Mesh | None = None):
         self.graphdef, params, rngs = nnx.split(model, nnx.Param, nnx.RngState)
-        self.pad_id = model.config.pad_id
+        self.pad_id, self.architecture = model.config.pad_id, model.config.architecture
         self.optimizer = optimizer
         self.label_smoothing = label_smoothing
         self.mesh = mesh or data_parallel_mesh()
@@ -121,7 +134,7 @@ class Trainer:
         self.apply_step = jax.jit(self._apply_step, donate_argnums=(0, 1))
         self.eval_step = jax.jit(self._eval_step)
 
-    def model(self, state: TrainState, deterministic: bool = True) -> Transformer:
+    def model(self, state: TrainState, deterministic: bool = True) -> TokenModel:
         model = nnx.merge(self.graphdef, state.params, state.rngs)
         return nnx.view(model, deterministic=deterministic)
 
@@ -141,16 +154,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
 
-    def _loss_sum(self, model: Transformer, batch, deterministic: bool):
-        logits = nnx.view(model, deterministic=deterministic)(**model_inputs(batch))
-        return label_smoothed_cross_entropy(logits, batch["tgt_out"], self.pad_id,
-                                            self.label_smoothing)  # (loss_sum, num_tokens)
+    def _logits(self, model: TokenModel, batch, deterministic: bool):  # (B, T, V)
+        model = nnx.view(model, deterministic=deterministic)
+        return model(**model_inputs(batch, self.architecture))
 
     def _gradients(self, state: TrainState, batch):
         """Gradient of the summed loss (not yet divided by the token count)."""
         model = nnx.merge(self.graphdef, state.params, state.rngs)
         (loss_sum, num_tokens), grad_sum = nnx.value_and_grad(
-            lambda m: self._loss_sum(m, batch, False), has_aux=True)(model)
+            lambda m: label_smoothed_cross_entropy(self._logits(m, batch, False),
+                                                   batch["tgt_out"], self.pad_id,
+                                                   self.label_smoothing), has_aux=True)(model)
         return loss_sum, num_tokens, grad_sum, nnx.state(model, nnx.RngState)
 
     def _update(self, state: TrainState, grad_sum, loss_sum, num_tokens, rngs):
@@ -182,9 +196,13 @@ class Trainer:
         return self._update(state, grad_sum, loss_sum, num_tokens, state.rngs)
 
     def _eval_step(self, state: TrainState, batch):
-        model = nnx.merge(self.graphdef, state.params, state.rngs)
-        loss_sum, num_tokens = self._loss_sum(model, batch, True)
-        return {"loss_sum": loss_sum, "tokens": num_tokens}
+        """The label-smoothed loss (what training minimises) and the plain negative
+        log-likelihood (what perplexity is made of), summed over the batch's tokens."""
+        logits = self._logits(nnx.merge(self.graphdef, state.params, state.rngs), batch, True)
+        loss_sum, num_tokens = label_smoothed_cross_entropy(logits, batch["tgt_out"],
+                                                            self.pad_id, self.label_smoothing)
+        nll_sum, _ = label_smoothed_cross_entropy(logits, batch["tgt_out"], self.pad_id, 0.0)
+        return {"loss_sum": loss_sum, "nll_sum": nll_sum, "tokens": num_tokens}
 
     def accumulate(self, state: TrainState, batches) -> tuple[TrainState, dict]:
         """One optimizer update from several micro-batches (each may have its own shape)."""
@@ -200,12 +218,14 @@ class Trainer:
                 jnp.zeros((), jnp.int32))
 
     def batch_spec(self, shape: tuple[int, int, int]) -> dict[str, jax.ShapeDtypeStruct]:
-        """The abstract sharded batch of a (rows, source length, target length) shape."""
+        """The abstract sharded batch of a (rows, source length, target length) shape
+        (source length 0 for a single-stack model's batches)."""
         rows, src_length, tgt_length = shape
+        keys = BATCH_KEYS if self.architecture == "encoder_decoder" else TEXT_KEYS
         return {key: jax.ShapeDtypeStruct((rows, src_length if key.startswith("src")
                                            else tgt_length), jnp.int32,
                                           sharding=self.batch_sharding)
-                for key in BATCH_KEYS}
+                for key in keys}
 
     def programs(self, state: TrainState, shapes, accumulate: int = 1):
         """[(name, jitted step, args)]: every step a run on batches of `shapes` calls,
