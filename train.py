@@ -1,4 +1,4 @@
-"""Train the Transformer.
+"""Train the Transformer: a translator, or with --task lm a decoder-only language model.
 
 With no flags: the built-in corpus (English number words -> German, generated
 locally with num2words) and a small model, end to end on a CPU in minutes.
@@ -8,6 +8,8 @@ With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
     python train.py --workdir runs/wmt --src-path train.en --tgt-path train.de \\
         --d-model 512 --heads 8 --d-ff 2048 --layers 6 --max-tokens 25000 \\
         --steps 100000 --warmup 4000 --dtype bfloat16
+    python train.py --task lm --workdir runs/counting       # built-in text: counting in words
+    python train.py --task lm --workdir runs/lm --text-path book.txt   # one example per line
 
 Running it again on the same --workdir resumes from the latest checkpoint.
 SIGTERM or Ctrl-C finishes the current step, saves it and exits (README:
@@ -22,8 +24,9 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from jax_transformer.train.settings import (ACTIVATIONS, POSITION_LAYOUTS, DataSettings,
-                                                ModelSettings, TrainSettings)
+    from jax_transformer.train.settings import (ACTIVATIONS, POSITION_LAYOUTS, TASK_ARCHITECTURES,
+                                                TASK_DEFAULTS, DataSettings, ModelSettings,
+                                                TrainSettings)
     DATA, MODEL, TRAIN = DataSettings(), ModelSettings(), TrainSettings()  # the defaults
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,15 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where checkpoints, metrics.jsonl, eval.json, figures and the exported "
                         "model go; an existing run there is resumed (default: %(default)s)")
 
-    g = p.add_argument_group("data (default: the built-in number-words corpus)")
+    p.add_argument("--task", choices=TASK_ARCHITECTURES, default=DATA.task,
+                   help="translate: an encoder-decoder on sentence pairs; lm: a decoder-only "
+                        "language model on lines of text, which also prints sampled "
+                        "continuations (default: %(default)s)")
+
+    g = p.add_argument_group("data (default: the built-in number-words corpus; with --task lm, "
+                             "the built-in counting text)")
     g.add_argument("--src-lang", default=DATA.src_lang, help="number corpus source language, a num2words "
-                   "code (default: %(default)s)")
+                   "code; with --task lm, the counting text's language (default: %(default)s)")
     g.add_argument("--tgt-lang", default=DATA.tgt_lang, help="number corpus target language (default: "
                    "%(default)s)")
     g.add_argument("--num-train", type=int, default=DATA.num_train,
-                   help="number corpus training pairs (default: %(default)s)")
+                   help="number corpus training pairs, or counting text lines (default: "
+                        "%(default)s)")
     g.add_argument("--max-number", type=int, default=DATA.max_number,
-                   help="number corpus draws numbers below this (default: %(default)s)")
+                   help="number corpus draws numbers below this; counting lines start below "
+                        "it (default: %(default)s)")
+    g.add_argument("--text-path", help="--task lm: a UTF-8 text file, one example (sentence, "
+                   "paragraph) per line; --num-dev and --num-test lines are held out")
     g.add_argument("--src-path", help="parallel text: source file, one sentence per line")
     g.add_argument("--tgt-path", help="parallel text: target file, line-aligned with --src-path")
     g.add_argument("--columns-path", help="a TSV (.tsv) or CSV file with a header row")
@@ -54,16 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "--num-test training pairs)")
     g.add_argument("--test-tgt-path", help="parallel text: test set target")
     g.add_argument("--num-dev", type=int, default=DATA.num_dev,
-                   help="held-out pairs for the dev set (default: %(default)s)")
+                   help="held-out pairs (or lines) for the dev set (default: %(default)s)")
     g.add_argument("--num-test", type=int, default=DATA.num_test,
-                   help="held-out pairs for the test set (default: %(default)s)")
+                   help="held-out pairs (or lines) for the test set (default: %(default)s)")
     g.add_argument("--tokenizer-type", choices=("unigram", "bpe"), default=DATA.tokenizer_type,
                    help="SentencePiece model type; the paper used byte-pair encoding "
                         "(default: %(default)s)")
     g.add_argument("--vocab-size", type=int, default=DATA.vocab_size, help="shared SentencePiece "
                    "vocabulary size; smaller if the text has fewer pieces (default: %(default)s)")
     g.add_argument("--max-len", type=int, default=DATA.max_len, help="longest sentence in tokens; longer "
-                   "pairs are skipped and counted (default: %(default)s)")
+                   "pairs (or lines) are skipped and counted (default: %(default)s)")
     g.add_argument("--max-tokens", type=int, default=DATA.max_tokens, help="token budget per micro-batch "
                    "(--accumulate of them make one update), padding included, like fairseq's "
                    "--max-tokens (default: %(default)s)")
@@ -77,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--d-ff", type=int, default=MODEL.d_ff,
                    help="inner width of the position-wise feed-forward layers (default: %(default)s)")
     g.add_argument("--layers", type=int, default=MODEL.layers,
-                   help="encoder and decoder layers each (default: %(default)s)")
+                   help="encoder and decoder layers each; a language model's decoder layers "
+                        "(default: %(default)s)")
     g.add_argument("--dropout", type=float, default=MODEL.dropout, help="dropout on embeddings, attention "
                    "probabilities, the FFN and each sublayer output (default: %(default)s)")
     g.add_argument("--pre-norm", action="store_true",
@@ -93,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=TRAIN.steps,
-                   help="optimizer updates in total (default: %(default)s)")
+                   help=f"optimizer updates in total (default: %(default)s; "
+                        f"{TASK_DEFAULTS['lm']['steps']} with --task lm)")
     g.add_argument("--warmup", type=int, default=TRAIN.warmup,
                    help="warm-up steps of the paper's schedule (default: %(default)s)")
     g.add_argument("--lr-scale", type=float, default=TRAIN.lr_scale, help="multiplies the schedule "
@@ -122,7 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-batch-size", type=int, default=TRAIN.decode_batch_size,
                    help="sentences per batch when translating the test set (default: %(default)s)")
     g.add_argument("--samples", type=int, default=TRAIN.samples,
-                   help="sample translations printed at the end (default: %(default)s)")
+                   help="sample translations (or continuations) printed at the end "
+                        "(default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=TRAIN.temperature,
+                   help="--task lm: sampling temperature of the printed continuations; 0 = "
+                        "greedy (default: %(default)s)")
     g.add_argument("--distributed", action="store_true", help="several hosts: call "
                    "jax.distributed.initialize() (coordinator from the environment)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -138,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from jax_transformer.train.settings import TASK_DEFAULTS
     p = build_parser()
+    task = p.parse_known_args(argv)[0].task
+    p.set_defaults(**TASK_DEFAULTS.get(task, {}))
     args = p.parse_args(argv)
     for name in ("steps", "max_tokens", "checkpoint_every", "eval_every", "keep", "accumulate",
                  "beam", "decode_batch_size", "warmup"):
@@ -161,13 +183,17 @@ def train(args: argparse.Namespace) -> int:
     from jax_transformer.train.loop import run
     summary = run(data, model, settings)
     test = summary["test"]
-    print(json.dumps({"step": summary["step"], "train_seconds": summary["train_seconds"],
-                      "dev_loss": round(summary["dev"]["loss"], 4),
-                      "test_loss": round(test["loss"], 4),
-                      "test_perplexity": round(test["perplexity"], 3),
-                      "test_exact_match": test["exact_match"], "test_bleu": round(test["bleu"], 2),
-                      "test_chrf": round(test["chrf"], 2),
-                      "workdir": settings.workdir}, indent=2), file=sys.stdout)
+    results = {"step": summary["step"], "train_seconds": summary["train_seconds"],
+               "dev_loss": round(summary["dev"]["loss"], 4), "test_loss": round(test["loss"], 4),
+               "test_perplexity": round(test["perplexity"], 3)}
+    if data.task == "lm":
+        results.update(dev_nll=round(summary["dev"]["nll"], 4), test_nll=round(test["nll"], 4),
+                       test_unigram_entropy=round(test["unigram_entropy"], 4),
+                       test_continuation_exact_match=test["continuation_exact_match"])
+    else:
+        results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
+                       test_chrf=round(test["chrf"], 2))
+    print(json.dumps({**results, "workdir": settings.workdir}, indent=2), file=sys.stdout)
     return 0
 
 

@@ -1,5 +1,9 @@
 """The training run behind train.py: data, model, loop, checkpoints, evaluation, export.
 
+The task (--task) decides the corpus, the architecture and the final evaluation:
+translation.py (sentence pairs, encoder-decoder) or language_model.py (lines,
+decoder-only); the rest is shared.
+
 Resuming: a work directory that holds checkpoints is resumed from the latest
 one with the same settings, tokenizer, data order and dropout stream, so the
 losses continue exactly as in an uninterrupted run.
@@ -21,15 +25,14 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from jax_transformer import cli, translate
+from jax_transformer import cli
 from jax_transformer.cli import RunFailed
-from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.batching import (PackedBatches, encode_pairs, fitting_row_shape,
-                                           positions_needed,
+from jax_transformer.data.batching import (PackedBatches, fitting_row_shape, positions_needed,
                                            train_tokenizer)
-from jax_transformer.model import Transformer
-from jax_transformer.train import compiling, evaluation, interrupts, plots
+from jax_transformer.model import build_model
+from jax_transformer.train import (compiling, evaluation, interrupts, language_model, plots,
+                                   translation)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.settings import (DataSettings, ModelSettings, TrainError, TrainSettings,
                                             recorded)
@@ -42,6 +45,9 @@ from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer, TokenizerError
 
 
+TASKS = {"translate": translation, "lm": language_model}
+
+
 class TrainingDiverged(RunFailed):
     """The loss or the gradient norm became non-finite."""
 
@@ -51,28 +57,9 @@ def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
 
-def load_corpus(data: DataSettings, seed: int) -> dict[str, list[tuple[str, str]]]:
-    if data.builtin:
-        splits = corpora.number_corpus(data.src_lang, data.tgt_lang, num_train=data.num_train,
-                                       num_dev=data.num_dev, num_test=data.num_test,
-                                       max_number=data.max_number, seed=seed)
-        log(f"corpus: {data.src_lang}->{data.tgt_lang} number words, "
-            + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
-        return splits
-    if data.columns_path:
-        pairs, report = corpora.read_columns(data.columns_path, data.src_column, data.tgt_column)
-    else:
-        pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
-    log(f"corpus: {report}")
-    given = {}
-    for split in ("dev", "test"):
-        src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
-        if src:
-            given[split], report = corpora.read_parallel_text(src, tgt)
-            log(f"{split}: {report}")
-    held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
-                                     0 if "test" in given else data.num_test, seed=seed)
-    return {**held_out, **given}
+def load_corpus(data: DataSettings, seed: int) -> dict[str, list]:
+    """{"train", "dev", "test"}: sentence pairs (translate) or lines of text (lm)."""
+    return TASKS[data.task].load_splits(data, seed, log)
 
 
 def run(data_settings: DataSettings, model_settings: ModelSettings,
@@ -108,18 +95,21 @@ def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
     if resuming and config_path.exists():
         config = TransformerConfig.from_json(config_path)
     else:
-        config = model_settings.config(tokenizer.vocab_size, data_settings.max_len)
+        config = model_settings.config(tokenizer.vocab_size, data_settings.max_len,
+                                       data_settings.architecture)
         if primary:
             write_atomically(config_path, config.to_json)
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
-    model = Transformer(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
+    model = build_model(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
                         param_dtype=jnp.float32)
     schedule = paper_schedule(config.d_model, settings.warmup, settings.lr_scale)
     trainer = Trainer(model, make_optimizer(schedule, settings.clip_norm),
                       settings.label_smoothing)
     num_params = sum(p.size for p in jax.tree.leaves(trainer.initial_state.params))
-    log(f"model: {num_params / 1e6:.2f}M parameters, d_model {config.d_model}, "
-        f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, {settings.dtype} "
+    layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
+              if config.architecture == "encoder_decoder" else config.num_decoder_layers)
+    log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
+        f"{config.d_model}, {layers} layers, {settings.dtype} "
         f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
 
     started = time.time()
@@ -129,21 +119,23 @@ def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
     with cli.signal_handlers(cli.exit_at_once(
             f"stopped during the final export and evaluation; training is saved at step "
             f"{int(state.step)}; run the same command to finish them")):
-        summary = finish(settings, workdir, trainer, state, tokenizer, splits, data, report)
+        summary = finish(TASKS[data_settings.task], settings, workdir, trainer, state,
+                         tokenizer, splits, data, report)
     summary["train_seconds"] = round(train_seconds, 1)
     checkpointer.close()
     return summary
 
 
-def load_tokenizer(workdir: Path, pairs, data: DataSettings, seed: int,
+def load_tokenizer(workdir: Path, examples, data: DataSettings, seed: int,
                    resuming: bool) -> Tokenizer:
-    """The run's tokenizer: trained once on the training pairs, reused on resume."""
+    """The run's tokenizer: trained once on the training pairs (or lines), reused on
+    resume."""
     path = workdir / TOKENIZER_FILE
     if resuming and path.exists():
         tokenizer = Tokenizer(path)
     else:
         try:
-            tokenizer = train_tokenizer(pairs, path, vocab_size=data.vocab_size,
+            tokenizer = train_tokenizer(examples, path, vocab_size=data.vocab_size,
                                         model_type=data.tokenizer_type, seed=seed)
         except TokenizerError as e:
             raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
@@ -154,16 +146,21 @@ def load_tokenizer(workdir: Path, pairs, data: DataSettings, seed: int,
 def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
                  seed: int) -> dict[str, PackedBatches]:
     """Every split packed into rows of one shape, which holds the longest sentences of
-    every split: one batch shape for training and evaluation."""
+    every split: one batch shape for training and evaluation. A language model's
+    lines are targets without a source: rows of source length 0."""
     encoded = {}
-    for split, pairs in splits.items():
-        src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=data.max_len)
+    for split, examples in splits.items():
+        src_ids, tgt_ids, report = TASKS[data.task].encode(tokenizer, examples, data.max_len)
         if report.skipped:
             log(f"{split}: {report}")
         encoded[split] = src_ids, tgt_ids
-    row_shape = fitting_row_shape(*(np.concatenate([positions_needed(sides[i])
-                                                    for sides in encoded.values()])
-                                    for i in (0, 1)), data.max_len)
+
+    def needed(side: int):  # positions every example of every split needs on that side
+        if encoded["train"][side] is None:
+            return None
+        return np.concatenate([positions_needed(ids[side]) for ids in encoded.values()])
+
+    row_shape = fitting_row_shape(needed(0), needed(1), data.max_len)
     batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
                                     batch_multiple=jax.device_count(),
                                     shuffle=split == "train", seed=seed)
@@ -279,51 +276,34 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
         batches.set_state(data_state)
     except CorpusError as e:
         corpus = ("the built-in corpus (its flags)" if data_settings.builtin else
-                  "--columns-path" if data_settings.columns_path else "--src-path / --tgt-path")
+                  "--columns-path" if data_settings.columns_path else
+                  "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
         raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
                          f"{corpus} changed? Restore it, or use a new --workdir") from None
 
 
-def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
+def finish(task, settings: TrainSettings, workdir: Path, trainer: Trainer, state,
            tokenizer: Tokenizer, splits, data, report: dict) -> dict:
-    """Export the model, evaluate on the held-out sets, write eval.json (with this
-    process's training `report`) and the figures."""
+    """Export the model, evaluate on the held-out sets (the `task` module decodes the
+    test set), write eval.json (with this process's training `report`) and the figures."""
     model = trainer.model(state)
-    config = model.config
     if jax.process_index() == 0:
         model.save_pretrained(workdir / "export", tokenizer=tokenizer.path)
         log(f"exported {workdir / 'export'} (config.json, model.safetensors, tokenizer.model)")
 
-    results = {"step": int(state.step), "decoding": f"beam {settings.beam}" if settings.beam > 1
-               else "greedy", "training": report}
+    results = {"step": int(state.step), "training": report}
     for split in ("dev", "test"):
         results[split] = evaluation.heldout_loss(trainer, state, data[split])
-    sources = [s for s, _ in splits["test"]]
-    references = [t for _, t in splits["test"]]
     started = time.time()
-    hypotheses = translate.translate_lines(sources, model, tokenizer, beam=settings.beam,
-                                           batch_size=settings.decode_batch_size)
-    results["test"].update(evaluation.translation_metrics(hypotheses, references))
+    decoded = task.evaluate_test(model, tokenizer, splits["test"], settings, log)
+    results["decoding"], results["samples"] = decoded["decoding"], decoded["samples"]
+    results["test"].update(decoded["test"])
     results["test"]["decode_seconds"] = round(time.time() - started, 1)
-    results["samples"] = [{"source": s, "reference": r, "translation": h}
-                          for s, r, h in zip(sources[: settings.samples], references,
-                                             hypotheses)]
     if jax.process_index() != 0:
         return results
 
     write_text_atomically(workdir / "eval.json", json.dumps(results, indent=2) + "\n")
     plots.loss_curve(workdir / "metrics.jsonl", workdir / "loss.png")
-    source, translation = sources[0], hypotheses[0]
-    src_ids = np.array([tokenizer.encode(source) + [config.eos_id]], np.int32)
-    tgt_ids = np.array([[config.bos_id] + tokenizer.encode(translation)], np.int32)
-    _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
-    piece = tokenizer.sp.IdToPiece
-    plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
-                            [piece(int(i)) for i in src_ids[0]],
-                            [piece(int(i)) for i in tgt_ids[0]], workdir / "attention.png",
-                            f"last decoder layer's cross-attention: {source!r}")
-    for sample in results["samples"]:
-        mark = "ok " if sample["translation"] == sample["reference"] else "   "
-        log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
-            f" (reference {sample['reference']!r})")
+    if results["samples"]:
+        task.attention_figure(model, tokenizer, results["samples"][0], workdir / "attention.png")
     return results

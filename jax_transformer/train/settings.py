@@ -19,9 +19,15 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITION_LAYOUTS = ("interleaved", "half_split")
+# What train.py trains, and the architecture each task's model has.
+TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
+# Flags whose default differs by task (train.py applies them before parsing the rest):
+# the built-in counting text is learnt in fewer steps than the number translations.
+TASK_DEFAULTS = {"lm": {"steps": 600}}
 # Settings added after run_args.json files were first written: a file without one
 # was written by a run that used this value, so it resumes.
-ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved"}
+ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
+                  "text_path": None}
 
 
 class TrainError(InputError):
@@ -35,7 +41,10 @@ def require(condition: bool, message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """The corpus, its tokenizer and its batches. No paths: the built-in number corpus."""
+    """The task, its corpus, the tokenizer and the batches. No paths: the built-in
+    number corpus (translate) or counting text (lm)."""
+    task: str = "translate"  # or "lm": a decoder-only language model on lines of text
+    text_path: str | None = None  # lm: one example per line
     src_lang: str = "en"
     tgt_lang: str = "de"
     num_train: int = 50_000
@@ -57,6 +66,17 @@ class DataSettings:
     max_tokens: int = 4096  # per micro-batch, padding included
 
     def __post_init__(self):
+        require(self.task in TASK_ARCHITECTURES, f"--task must be one of "
+                f"{', '.join(TASK_ARCHITECTURES)}, got {self.task!r}")
+        pair_flags = [f"--{name.replace('_', '-')}" for name in
+                      ("src_path", "tgt_path", "columns_path", "dev_src_path", "dev_tgt_path",
+                       "test_src_path", "test_tgt_path") if getattr(self, name)]
+        if self.task == "lm":
+            require(not pair_flags, f"--task lm trains on --text-path (one example per line), "
+                                    f"not on sentence pairs: drop {' '.join(pair_flags)}")
+        else:
+            require(not self.text_path, "--text-path is for --task lm; a translation corpus is "
+                                        "--src-path/--tgt-path or --columns-path")
         for split in ("", "dev_", "test_"):
             src, tgt = getattr(self, f"{split}src_path"), getattr(self, f"{split}tgt_path")
             if bool(src) != bool(tgt):
@@ -74,7 +94,11 @@ class DataSettings:
 
     @property
     def builtin(self) -> bool:
-        return not (self.src_path or self.columns_path)
+        return not (self.src_path or self.columns_path or self.text_path)
+
+    @property
+    def architecture(self) -> str:
+        return TASK_ARCHITECTURES[self.task]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +124,15 @@ class ModelSettings:
             require(getattr(self, name) in choices, f"--{name.replace('_', '-')} must be one of "
                     f"{', '.join(choices)}, got {getattr(self, name)!r}")
 
-    def config(self, vocab_size: int, max_len: int) -> TransformerConfig:
+    def config(self, vocab_size: int, max_len: int,
+               architecture: str = "encoder_decoder") -> TransformerConfig:
+        """The model config; --layers gives each stack its layers (a single-stack
+        config keeps num_encoder_layers = num_decoder_layers, unused by one of them)."""
         return TransformerConfig(
-            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=self.d_model,
-            num_heads=self.heads, d_ff=self.d_ff, num_encoder_layers=self.layers,
-            num_decoder_layers=self.layers, dropout=self.dropout, max_len=max_len,
+            architecture=architecture, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
+            d_model=self.d_model, num_heads=self.heads, d_ff=self.d_ff,
+            num_encoder_layers=self.layers, num_decoder_layers=self.layers,
+            dropout=self.dropout, max_len=max_len,
             pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, pre_norm=self.pre_norm,
             final_norm=self.pre_norm, activation=self.activation,
             position_layout=self.position_layout)
@@ -136,6 +164,7 @@ class TrainSettings:
     beam: int = 1
     decode_batch_size: int = 250
     samples: int = 5
+    temperature: float = 0.8  # lm: the printed samples' sampling temperature
     distributed: bool = False
     quiet: bool = False
     tensorboard: bool = True  # event files in WORKDIR/tensorboard/
@@ -147,13 +176,15 @@ class TrainSettings:
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
                                      f"got {self.clip_norm}")
+        require(self.temperature >= 0, f"--temperature must be 0 (greedy) or positive, "
+                                       f"got {self.temperature}")
 
 
 # Settings that only steer how long / how visibly a run goes; the others must
 # match when a work directory is resumed.
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
-                               "beam", "decode_batch_size", "samples", "distributed", "quiet",
-                               "tensorboard", "compile_cache"})
+                               "beam", "decode_batch_size", "samples", "temperature",
+                               "distributed", "quiet", "tensorboard", "compile_cache"})
 
 
 def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:

@@ -1,0 +1,112 @@
+"""train.py's language-model task (`--task lm`): lines of text, a decoder-only model,
+the test lines continued.
+
+The built-in text counts in words (corpora.counting_text); `--text-path` reads
+one example per line. Each line is a sequence of its own: decoder input bos +
+pieces, labels pieces + eos, packed several to a row like a translation's targets.
+Evaluation: the test text's negative log-likelihood against its unigram entropy
+(the loss of the best model that ignores context); how many test lines greedy
+decoding finishes exactly, given their first half; and sampled continuations.
+Same interface as translation.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_transformer import lm_decoding
+from jax_transformer.data import corpora
+from jax_transformer.data.batching import encode_lines
+from jax_transformer.model import DecoderOnlyTransformer
+from jax_transformer.train import evaluation, plots
+from jax_transformer.train.settings import DataSettings, TrainSettings
+from transformer_core.generation import Sampling, pad_prompts
+from transformer_core.tokenizer import Tokenizer
+
+ARCHITECTURE = "decoder_only"
+
+
+def load_splits(data: DataSettings, seed: int, log: Callable[[str], None]) -> dict[str, list[str]]:
+    """{"train", "dev", "test"} lines: the built-in counting text (in --src-lang), or
+    --text-path with --num-dev and --num-test lines held out."""
+    if data.builtin:
+        splits = corpora.counting_text(data.src_lang, num_train=data.num_train,
+                                       num_dev=data.num_dev, num_test=data.num_test,
+                                       max_number=data.max_number, seed=seed)
+        log(f"corpus: counting in {data.src_lang} number words, "
+            + ", ".join(f"{k} {len(v)} lines" for k, v in splits.items()))
+        return splits
+    lines, report = corpora.read_text(data.text_path)
+    log(f"corpus: {report}")
+    return corpora.holdout_split(lines, data.num_dev, data.num_test, seed=seed)
+
+
+def encode(tokenizer: Tokenizer, lines, max_len: int):
+    """(None, ids, report): the lines as targets without a source (batching.PackedBatches)."""
+    ids, report = encode_lines(tokenizer, lines, max_len=max_len)
+    return None, ids, report
+
+
+def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
+                  settings: TrainSettings, log: Callable[[str], None]) -> dict:
+    """Continue each test line from its first half: {"decoding", "test": the
+    share continued exactly by greedy decoding and the test text's unigram entropy,
+    "samples": the first few lines' prompt, and the whole line as written, as greedy
+    decoding continues it, and as sampling does}."""
+    config = model.config
+    pieces, _ = encode_lines(tokenizer, lines, max_len=config.max_len)
+    halves = [len(p) // 2 for p in pieces]
+    prompts = [[config.bos_id] + p[:h].tolist() for p, h in zip(pieces, halves)]
+    endings = [p[h:].tolist() + [config.eos_id] for p, h in zip(pieces, halves)]
+    prompt_ids, prompt_lengths = pad_prompts(prompts, config.pad_id)  # (n, P), (n,)
+    new_tokens = min(max(map(len, endings)), config.max_len - prompt_ids.shape[1])
+
+    def continue_lines(rows, sampling=None):  # -> (len(rows), new_tokens) ids
+        batch = min(settings.decode_batch_size, len(rows))
+        out = []
+        for start in range(0, len(rows), batch):  # every batch full: one compiled shape
+            chunk = np.resize(rows[start:start + batch], batch)
+            args = (model, prompt_ids[chunk], prompt_lengths[chunk])
+            tokens, _ = (lm_decoding.greedy_search(*args, max_new_tokens=new_tokens)
+                         if sampling is None else
+                         lm_decoding.sample(*args, max_new_tokens=new_tokens, sampling=sampling))
+            out.append(np.asarray(tokens)[: len(rows) - start])
+        return np.concatenate(out)
+
+    rows = np.arange(len(prompts))
+    greedy = continue_lines(rows)
+    exact = [g[: len(e)].tolist() == e for g, e in zip(greedy, endings)]
+    shown = rows[: settings.samples]
+    sampled = continue_lines(shown, Sampling(temperature=settings.temperature,
+                                             seed=settings.seed))
+    def line(i, ending):  # line i's prompt and an ending, as text
+        return tokenizer.decode(prompts[i][1:] + ending.tolist())
+
+    samples = [{"prompt": tokenizer.decode(prompts[i][1:]),
+                "reference": line(i, pieces[i][halves[i]:]),
+                "greedy": line(i, greedy[i]), "sampled": line(i, sampled[n])}
+               for n, i in enumerate(shown)]
+    for sample in samples:
+        mark = "ok " if sample["greedy"] == sample["reference"] else "   "
+        log(f"  {mark}{sample['prompt']!r} -> {sample['greedy']!r}; sampled "
+            f"{sample['sampled']!r}")
+    return {"decoding": f"greedy continuations of each test line's second half; samples at "
+                        f"temperature {settings.temperature}",
+            "test": {"continuation_exact_match": float(np.mean(exact)), "lines": len(exact),
+                     "unigram_entropy": evaluation.unigram_entropy(
+                         [np.append(p, config.eos_id) for p in pieces])},
+            "samples": samples}
+
+
+def attention_figure(model: DecoderOnlyTransformer, tokenizer: Tokenizer, sample: dict,
+                     path: Path) -> None:
+    """The last layer's self-attention over a sample's line as greedy decoding ends it."""
+    ids = np.array([[model.config.bos_id] + tokenizer.encode(sample["greedy"])], np.int32)
+    _, attention = model(jnp.asarray(ids), return_attention=True)
+    tokens = [tokenizer.sp.IdToPiece(int(i)) for i in ids[0]]
+    plots.attention_heatmap(np.asarray(attention["decoder_self"][-1][0], np.float32), tokens,
+                            tokens, path, f"last layer's self-attention: {sample['prompt']!r}")

@@ -1,0 +1,107 @@
+"""train.py --task lm on a tiny decoder-only model: its flags, outputs, samples, exact
+resume on a text file, and its export continuing text alike in both frameworks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import train
+from jax_transformer import generate
+from jax_transformer.train import settings
+from tests.train.runs import losses, tiny_run, tiny_settings
+from transformer_core.config import TransformerConfig
+from transformer_core.generation import Sampling
+
+LM = ["--task", "lm", "--max-tokens", "256"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--src-path", "a.en", "--tgt-path", "a.de"], "--task lm trains on --text-path .*drop "
+                                                   "--src-path --tgt-path"),
+    (["--columns-path", "a.tsv"], "drop --columns-path"),
+    (["--temperature", "-1"], "--temperature must be 0 \\(greedy\\) or positive"),
+])
+def test_lm_flags_that_do_not_fit_are_refused(tmp_path, flags, message):
+    with pytest.raises(settings.TrainError, match=message):
+        tiny_settings(tmp_path, *LM, *flags)
+
+
+def test_text_path_needs_task_lm(tmp_path, capsys):
+    assert train.main(["--workdir", str(tmp_path), "--text-path", "book.txt"]) == 2
+    assert "error: --text-path is for --task lm" in capsys.readouterr().err
+
+
+def test_task_lm_builds_a_decoder_only_config(tmp_path):
+    data, model, _ = tiny_settings(tmp_path, *LM)
+    config = model.config(100, 64, data.architecture)
+    assert config.architecture == "decoder_only" and config.num_decoder_layers == 1
+    assert tiny_settings(tmp_path)[0].architecture == "encoder_decoder"
+    # The counting text is learnt in fewer steps: --task lm has its own default.
+    assert train.parse_args(["--task", "lm"]).steps == 600
+    assert train.parse_args([]).steps == 1200
+    assert train.parse_args(["--task", "lm", "--steps", "7"]).steps == 7
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """12 steps on the built-in counting text."""
+    workdir = tmp_path_factory.mktemp("lm")
+    return workdir, tiny_run(workdir, *LM, "--steps", "12")
+
+
+@pytest.mark.slow
+def test_lm_run_writes_everything_and_its_samples(lm_run):
+    workdir, summary = lm_run
+    for name in ("metrics.jsonl", "eval.json", "loss.png", "attention.png",
+                 "export/config.json", "export/model.safetensors", "export/tokenizer.model"):
+        assert (workdir / name).is_file(), name
+    assert TransformerConfig.from_json(workdir / "export/config.json").architecture == \
+        "decoder_only"
+    assert [s for s, _ in losses(workdir)] == list(range(1, 13))
+    results = json.loads((workdir / "eval.json").read_text())
+    assert results["step"] == summary["step"] == 12
+    test = results["test"]
+    for key in ("loss", "nll", "perplexity", "continuation_exact_match", "unigram_entropy"):
+        assert math.isfinite(test[key]), key
+    assert test["lines"] == 40 and test["perplexity"] == pytest.approx(math.exp(test["nll"]))
+    assert 0 < test["nll"] < test["loss"]  # label smoothing costs on top of the nll
+    assert len(results["samples"]) == 2
+    for sample in results["samples"]:
+        assert set(sample) == {"prompt", "reference", "greedy", "sampled"}
+        for key in ("reference", "greedy", "sampled"):
+            assert sample[key].startswith(sample["prompt"]), (key, sample)
+    assert results["training"]["batch_shapes"][0][1] == 0  # rows of targets, no source
+
+
+@pytest.mark.slow
+def test_lm_export_continues_text_alike_in_both_frameworks(lm_run):
+    workdir, _ = lm_run
+    prompts = ["three hundred and seven; three hundred and eight;", "", "ninety"]
+    texts = []
+    for framework in ("jax", "torch"):
+        model, tokenizer = generate.load(workdir / "export", framework)
+        texts.append(generate.generate(prompts, model, tokenizer, framework=framework,
+                                       sampling=Sampling(temperature=0.7, seed=3),
+                                       max_new_tokens=12))
+    assert texts[0] == texts[1] and any(texts[0])
+
+
+@pytest.mark.slow
+def test_lm_on_a_text_file_resumes_exactly(tmp_path):
+    lines = [f"line {i}: " + " ".join(["the cat sat on the mat", "a dog ran", "birds sing"][
+        i % 3].split()[: 2 + i % 5]) for i in range(400)]
+    text = tmp_path / "book.txt"
+    text.write_text("\n".join(lines) + "\n")
+    flags = [*LM, "--text-path", str(text)]
+    tiny_run(tmp_path / "reference", *flags, "--steps", "10")
+    tiny_run(tmp_path / "resumed", *flags, "--steps", "6")
+    summary = tiny_run(tmp_path / "resumed", *flags, "--steps", "10")  # resumes from step 6
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "reference")
+    assert summary["step"] == 10 and summary["test"]["lines"] == 40
+    with pytest.raises(settings.TrainError, match="--task 'lm' -> 'translate'"):
+        tiny_run(tmp_path / "resumed", "--steps", "12")
+    assert np.isfinite([loss for _, loss in losses(tmp_path / "resumed")]).all()
