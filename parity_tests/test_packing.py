@@ -1,7 +1,9 @@
-"""Packed batches: both frameworks agree, and packing changes nothing a pair computes.
+"""Packed batches: both frameworks agree, and packing changes nothing a pair (or a
+language model's line) computes.
 
 Several pairs share a row (jax_transformer.data.batching); segment masks keep
-attention inside each pair and positions restart per pair. Tolerances as in
+attention inside each pair and positions restart per pair; lines of text are
+packed alike, as targets without a source. Tolerances as in
 test_model_parity: float32 logits <= 1e-5, attention weights <= 1e-6, float64
 logits <= 1e-12.
 """
@@ -16,8 +18,8 @@ from flax import nnx
 
 from jax_transformer.data.batching import PackedBatches
 from jax_transformer.train import step as jax_step
-from parity_tests.helpers import (CONFIGS, assert_close, build_pair, fast_tier, precision,
-                                  to_torch)
+from parity_tests.helpers import (CONFIGS, SINGLE_STACK_CONFIGS, assert_close, build_pair,
+                                  fast_tier, precision, to_torch)
 from torch_reference import training as torch_training
 
 F32_LOGITS, F32_WEIGHTS, F64_LOGITS = 1e-5, 1e-6, 1e-12
@@ -38,14 +40,27 @@ def packed_batch(config, seed: int = 0) -> dict[str, np.ndarray]:
     return data.make_batch(shape, rows)
 
 
+def text_batch(config, seed: int = 0) -> dict[str, np.ndarray]:
+    """One packed batch of random lines of text, up to 4 per row."""
+    rng = np.random.default_rng(seed)
+    lines = [rng.integers(4, config.vocab_size, rng.integers(1, 7)).astype(np.int32)
+             for _ in range(9)]
+    data = PackedBatches(None, lines, max_tokens=4 * 20, row_shapes=[(0, 20)], shuffle=False)
+    (shape, rows), = data.epoch_plan(0)
+    assert sum(len(row) >= 2 for row in rows) >= 2
+    return data.make_batch(shape, rows)
+
+
 def forward(model, batch, as_array):
     """Logits and attention weights of a packed batch (JAX: one compiled program)."""
+    architecture = model.config.architecture
     if as_array is jnp.asarray:
-        return nnx.jit(lambda m, b: m(**jax_step.model_inputs(b), return_attention=True))(
+        return nnx.jit(lambda m, b: m(**jax_step.model_inputs(b, architecture),
+                                      return_attention=True))(
             model, {k: jnp.asarray(v) for k, v in batch.items()})
     with torch.no_grad():
-        return model(**torch_training.model_inputs({k: as_array(v) for k, v in batch.items()}),
-                     return_attention=True)
+        return model(**torch_training.model_inputs({k: as_array(v) for k, v in batch.items()},
+                                                   architecture), return_attention=True)
 
 
 def unpacked(batch, pad_id: int):
@@ -129,6 +144,44 @@ def test_no_attention_across_pairs(framework):
         for layer in attention[kind]:
             weights = np.asarray(layer.cpu() if framework == "torch" else layer)
             assert np.all(np.where(crossing, weights, 0.0) == 0.0), f"{kind} crosses pairs"
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+@pytest.mark.parametrize("name", ["decoder_only_learned_half_split", "encoder_only_pre_ln_learned"])
+def test_no_attention_across_lines(name, framework):
+    """Every line of a packed row gives the logits it gives alone, right-padded in a
+    row of its own, and no attention weight crosses lines: causal within a line for
+    the decoder-only model, both ways for the encoder-only one. Learned positions
+    must restart per line for this to hold."""
+    config = SINGLE_STACK_CONFIGS[name]
+    batch = text_batch(config)
+    segments = batch["tgt_segments"]
+    where = [(row, segments[row] == k) for row in range(len(segments))
+             for k in range(1, segments[row].max() + 1)]
+    alone = np.full((len(where), segments.shape[1]), config.pad_id, np.int32)
+    for i, (row, mine) in enumerate(where):
+        alone[i, :mine.sum()] = batch["tgt_in"][row][mine]
+    with precision("float64") as dtypes:
+        flax_model, torch_model = build_pair(config, "flax_to_torch", dtypes)
+        model, as_array = ((flax_model, jnp.asarray) if framework == "jax"
+                           else (torch_model, to_torch))
+        packed, attention = forward(model, batch, as_array)
+        if framework == "jax":
+            alone_logits = nnx.jit(lambda m, ids: m(ids))(model, as_array(alone))
+        else:
+            with torch.no_grad():
+                alone_logits = model(as_array(alone))
+    packed, alone_logits = (np.asarray(x.cpu() if framework == "torch" else x)
+                            for x in (packed, alone_logits))
+    for i, (row, mine) in enumerate(where):
+        assert_close(packed[row][mine], alone_logits[i][:mine.sum()], F64_LOGITS,
+                     f"{framework}: line {i} (row {row}) packed vs alone")
+    crossing = (segments[:, None, :, None] != segments[:, None, None, :]) & (
+        segments[:, None, :, None] > 0)  # (B, 1, T, T): a real query, a key of another line
+    (kind, layers), = attention.items()
+    for layer in layers:
+        weights = np.asarray(layer.cpu() if framework == "torch" else layer)
+        assert np.all(np.where(crossing, weights, 0.0) == 0.0), f"{kind} crosses lines"
 
 
 @pytest.mark.slow
