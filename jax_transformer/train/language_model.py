@@ -82,7 +82,7 @@ def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
     exact = [g[: len(e)].tolist() == e for g, e in zip(greedy, endings)]
     shown = rows[: settings.samples]
     sampled = continue_lines(shown, Sampling(temperature=settings.temperature,
-                                             seed=settings.seed))
+                                             seed=settings.seed)) if len(shown) else []
     def line(i, ending):  # line i's prompt and an ending, as text
         return tokenizer.decode(prompts[i][1:] + ending.tolist())
 
@@ -105,7 +105,8 @@ def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
 def attention_figure(model: DecoderOnlyTransformer, tokenizer: Tokenizer, sample: dict,
                      path: Path) -> None:
     """The last layer's self-attention over a sample's line as greedy decoding ends it."""
-    ids = np.array([[model.config.bos_id] + tokenizer.encode(sample["greedy"])], np.int32)
+    ids = [model.config.bos_id] + tokenizer.encode(sample["greedy"])  # re-encoded: may be longer
+    ids = np.array([ids[:model.config.max_len]], np.int32)
     _, attention = model(jnp.asarray(ids), return_attention=True)
     tokens = [tokenizer.sp.IdToPiece(int(i)) for i in ids[0]]
     plots.attention_heatmap(np.asarray(attention["decoder_self"][-1][0], np.float32), tokens,

@@ -178,6 +178,7 @@ class TrainSettings:
                                      f"got {self.clip_norm}")
         require(self.temperature >= 0, f"--temperature must be 0 (greedy) or positive, "
                                        f"got {self.temperature}")
+        require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
 
 
 # Settings that only steer how long / how visibly a run goes; the others must

@@ -74,9 +74,11 @@ def evaluate_test(model: Transformer, tokenizer: Tokenizer, pairs, settings: Tra
 
 def attention_figure(model: Transformer, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
     """The last decoder layer's cross-attention while it reads a sample's translation."""
-    config = model.config
-    src_ids = np.array([tokenizer.encode(sample["source"]) + [config.eos_id]], np.int32)
-    tgt_ids = np.array([[config.bos_id] + tokenizer.encode(sample["translation"])], np.int32)
+    config = model.config  # either text may take more than max_len tokens
+    src_ids = np.array([(tokenizer.encode(sample["source"]) + [config.eos_id])[:config.max_len]],
+                       np.int32)
+    tgt_ids = np.array([([config.bos_id] + tokenizer.encode(sample["translation"]))
+                        [:config.max_len]], np.int32)
     _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
     piece = tokenizer.sp.IdToPiece
     plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),

@@ -24,6 +24,7 @@ LM = ["--task", "lm", "--max-tokens", "256"]
                                                    "--src-path --tgt-path"),
     (["--columns-path", "a.tsv"], "drop --columns-path"),
     (["--temperature", "-1"], "--temperature must be 0 \\(greedy\\) or positive"),
+    (["--samples", "-1"], "--samples must be 0 or more"),
 ])
 def test_lm_flags_that_do_not_fit_are_refused(tmp_path, flags, message):
     with pytest.raises(settings.TrainError, match=message):
