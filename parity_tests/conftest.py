@@ -11,7 +11,7 @@ import torch
 from jax_transformer.numerics import pinned_numerics
 from parity_tests.helpers import DIRECTIONS
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")
