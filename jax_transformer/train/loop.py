@@ -325,9 +325,10 @@ def finish(settings: TrainSettings, workdir: Path, trainer: Trainer, state,
 
     write_text_atomically(workdir / "eval.json", json.dumps(results, indent=2) + "\n")
     plots.loss_curve(workdir / "metrics.jsonl", workdir / "loss.png")
-    source, translation = sources[0], hypotheses[0]
-    src_ids = np.array([tokenizer.encode(source) + [config.eos_id]], np.int32)
-    tgt_ids = np.array([[config.bos_id] + tokenizer.encode(translation)], np.int32)
+    source, translation = sources[0], hypotheses[0]  # either may exceed max_len tokens
+    src_ids = np.array([(tokenizer.encode(source) + [config.eos_id])[:config.max_len]], np.int32)
+    tgt_ids = np.array([([config.bos_id] + tokenizer.encode(translation))[:config.max_len]],
+                       np.int32)
     _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
     piece = tokenizer.sp.IdToPiece
     plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),

@@ -21,6 +21,7 @@ from flax import nnx
 
 import train
 from jax_transformer import port, translate
+from jax_transformer.data import corpora
 from jax_transformer.train import checkpoints
 from transformer_core import checkpoint_dir
 from jax_transformer.data.batching import PackedBatches
@@ -282,3 +283,22 @@ def test_port_from_a_training_checkpoint(reference_run, tmp_path):
     assert (tmp_path / "ported" / "tokenizer.model").read_bytes() == (
         workdir / "tokenizer.model").read_bytes()
     assert port.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2
+
+
+
+@pytest.mark.slow
+def test_a_test_sentence_longer_than_max_len_still_gets_its_attention_plot(tmp_path):
+    """The plot shows the first test sentence and its translation, encoded again: their
+    first --max-len tokens, however long they are."""
+    splits = corpora.number_corpus(num_train=1500, num_dev=0, num_test=10, max_number=10000)
+    long_pair = tuple(" ".join([text] * 12) for text in splits["test"][0])  # > 32 pieces
+    for split, pairs in (("train", splits["train"]), ("test", [long_pair, *splits["test"]])):
+        for side, suffix in enumerate(("src", "tgt")):
+            (tmp_path / f"{split}.{suffix}").write_text("".join(p[side] + "\n" for p in pairs))
+    summary = tiny_run(tmp_path / "run", "--steps", "1", "--max-len", "32",
+                       "--src-path", str(tmp_path / "train.src"),
+                       "--tgt-path", str(tmp_path / "train.tgt"),
+                       "--test-src-path", str(tmp_path / "test.src"),
+                       "--test-tgt-path", str(tmp_path / "test.tgt"))
+    assert summary["samples"][0]["source"] == long_pair[0]
+    assert (tmp_path / "run" / "attention.png").is_file()
