@@ -42,6 +42,7 @@ also printed) and .png (dev loss against wall time for both sides).
 from __future__ import annotations
 
 import argparse
+import filecmp
 import importlib.metadata
 import json
 import os
@@ -60,13 +61,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from jax_transformer.data.batching import train_tokenizer  # noqa: E402
-from jax_transformer.data.corpora import read_parallel_text  # noqa: E402
+from jax_transformer.data.corpora import holdout_split, read_parallel_text  # noqa: E402
+from transformer_core.checkpoint_dir import TOKENIZER_FILE  # noqa: E402
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 SIDES = ("ours", "peer")
 LABEL_SMOOTHING = 0.1
-TOKENIZER_SEED = 0  # train.py's default --seed, which seeds its tokenizer
+TRAIN_SEED = 0  # train.py's default --seed: the order in which its tokenizer sees the pairs
 IGNORED_LABEL = -100  # torch's cross_entropy ignore_index
+PEER_TOKENIZER_FILE = "peer-tokenizer.model"
+OURS_DIR = "ours"  # train.py's --workdir inside the race's
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -118,7 +122,7 @@ def peak_rss_bytes(who: int) -> int:
 
 def run_ours(args, workdir: Path) -> dict:
     """train.py with --time-budget in a subprocess; its eval.json and metrics.jsonl -> a row."""
-    run_dir = workdir / "ours"
+    run_dir = workdir / OURS_DIR
     command = [sys.executable, str(ROOT / "train.py"), "--workdir", str(run_dir),
                "--src-path", args.src_path, "--tgt-path", args.tgt_path,
                "--dev-src-path", args.dev_src_path, "--dev-tgt-path", args.dev_tgt_path,
@@ -221,12 +225,15 @@ def to_device(batch, device):
 
 
 def smoothed_loss_sum(logits, labels):
-    """Label-smoothed cross-entropy summed over real target tokens, and their count."""
+    """Label-smoothed cross-entropy summed over real target tokens."""
     import torch.nn.functional as F
-    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
                            ignore_index=IGNORED_LABEL, label_smoothing=LABEL_SMOOTHING,
                            reduction="sum")
-    return loss, int((labels != IGNORED_LABEL).sum())
+
+
+def real_tokens(labels) -> int:
+    return int((labels != IGNORED_LABEL).sum())
 
 
 def peer_dev_loss(model, batches, autocast) -> float:
@@ -235,8 +242,8 @@ def peer_dev_loss(model, batches, autocast) -> float:
     loss_sum, tokens = 0.0, 0
     with torch.no_grad(), autocast():
         for inputs, labels in batches:
-            loss, count = smoothed_loss_sum(model(**inputs).logits, labels)
-            loss_sum, tokens = loss_sum + float(loss), tokens + count
+            loss = smoothed_loss_sum(model(**inputs).logits, labels)
+            loss_sum, tokens = loss_sum + float(loss), tokens + real_tokens(labels)
     model.train()
     return loss_sum / tokens
 
@@ -284,9 +291,10 @@ def run_peer(args, workdir: Path) -> dict:
     train_pairs, _ = read_parallel_text(args.src_path, args.tgt_path)
     dev_pairs, _ = read_parallel_text(args.dev_src_path, args.dev_tgt_path)
     test_pairs, _ = read_parallel_text(args.test_src_path, args.test_tgt_path)
-    tokenizer = train_tokenizer(train_pairs, workdir / "peer-spm.model",
-                                vocab_size=args.vocab_size, model_type="bpe",
-                                seed=TOKENIZER_SEED)
+    # train.py's tokenizer: trained on the pairs in the order its split leaves them
+    tokenizer = train_tokenizer(holdout_split(train_pairs, 0, 0, seed=TRAIN_SEED)["train"],
+                                workdir / PEER_TOKENIZER_FILE, vocab_size=args.vocab_size,
+                                model_type="bpe", seed=TRAIN_SEED)
     train_src, train_tgt = encode(tokenizer, train_pairs, args.max_len)
     dev_src, dev_tgt = encode(tokenizer, dev_pairs, args.max_len)
     train_batches = [peer_batch(b, train_src, train_tgt)
@@ -315,19 +323,20 @@ def run_peer(args, workdir: Path) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
 
     rng = np.random.default_rng(0)
-    step, real_tokens, first_step_seconds, dev_curve = 0, 0, None, []
+    step, trained_tokens, first_step_seconds, dev_curve = 0, 0, None, []
     loop_started = time.monotonic()
     while time.monotonic() < deadline:
         for index in rng.permutation(len(train_batches)):  # an epoch in shuffled batch order
+            tokens = real_tokens(train_batches[index][1])  # counted on the CPU: no sync
             inputs, labels = to_device(train_batches[index], device)
             with autocast():
-                loss_sum, tokens = smoothed_loss_sum(model(**inputs).logits, labels)
+                loss_sum = smoothed_loss_sum(model(**inputs).logits, labels)
             (loss_sum / tokens).backward()
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             loss_sum.item()  # waits for the step, as train.py does to log its loss
-            step, real_tokens = step + 1, real_tokens + tokens
+            step, trained_tokens = step + 1, trained_tokens + tokens
             first_step_seconds = first_step_seconds or time.monotonic() - started
             if step % args.eval_every == 0:
                 dev_curve.append({"step": step,
@@ -344,8 +353,9 @@ def run_peer(args, workdir: Path) -> dict:
     references = [[t for _, t in test_pairs]]
     return {"side": "peer", "what": "Hugging Face MarianMTModel, plain torch loop",
             "steps": step, "stopped_by": "time_budget",
-            "tgt_tokens_per_s": round(real_tokens / (loop_ended - loop_started), 1),
-            "tgt_tokens_per_step": round(real_tokens / max(step, 1), 1),
+            "tgt_tokens_per_s": round(trained_tokens / max(loop_ended - loop_started, 1e-9),
+                                      1),
+            "tgt_tokens_per_step": round(trained_tokens / max(step, 1), 1),
             "first_step_seconds": (round(first_step_seconds, 2) if first_step_seconds
                                    else None),
             "training_seconds": round(loop_ended - started, 2),
@@ -415,6 +425,9 @@ def main(argv=None) -> dict:
             sides[side] = (run_ours if side == "ours" else run_peer)(args, workdir)
             print(f"{side}: " + json.dumps({k: v for k, v in sides[side].items()
                                             if k not in ("dev_curve", "command")}), flush=True)
+        same_tokenizer = (filecmp.cmp(workdir / OURS_DIR / TOKENIZER_FILE,
+                                      workdir / PEER_TOKENIZER_FILE, shallow=False)
+                          if set(args.sides) == set(SIDES) else None)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir)
@@ -424,6 +437,7 @@ def main(argv=None) -> dict:
                            for name in ("jax", "torch", "transformers")},
               "settings": {k: (str(v) if isinstance(v, Path) else v)
                            for k, v in vars(args).items()},
+              "same_tokenizer": same_tokenizer,  # byte-identical SentencePiece models
               "memory": ("allocator peak bytes in use during training" if args.device == "cuda"
                          else "peak RSS of the side's process over its whole run"),
               "sides": sides}

@@ -87,7 +87,7 @@ def test_race_smoke(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert race.returncode == 0, race.stdout[-3000:] + race.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["sides"]) == {"ours", "peer"}
+    assert set(result["sides"]) == {"ours", "peer"} and result["same_tokenizer"]
     for side in result["sides"].values():
         assert all(side.get(field) is not None for field in RACE_FIELDS), side
         assert side["steps"] > 0 and side["stopped_by"] == "time_budget"
