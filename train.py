@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, default=TRAIN.steps,
                    help=f"optimizer updates in total (default: %(default)s; "
                         f"{TASK_DEFAULTS['lm']['steps']} with --task lm)")
+    g.add_argument("--time-budget", type=float, default=TRAIN.time_budget, metavar="SECONDS",
+                   help="stop training after the step in which this many seconds since the "
+                        "start have passed (corpus, tokenizer and compiling count), save that "
+                        "step, then export and evaluate as usual; a resumed run gets a fresh "
+                        "budget (default: no limit)")
     g.add_argument("--warmup", type=int, default=TRAIN.warmup,
                    help="warm-up steps of the paper's schedule (default: %(default)s)")
     g.add_argument("--lr-scale", type=float, default=TRAIN.lr_scale, help="multiplies the schedule "

@@ -1,6 +1,7 @@
-"""The training benchmark runs end to end on a tiny model and reports consistent rows."""
+"""The benchmarks run end to end on tiny models and report consistent rows."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,49 @@ def test_bench_corpus_smoke(tmp_path):
     # differs, so only roughly).
     np.testing.assert_allclose(rows["jax"]["losses"][0], rows["torch_eager"]["losses"][0],
                                rtol=0.05)
+
+
+
+RACE_FIELDS = ("steps", "stopped_by", "tgt_tokens_per_s", "tgt_tokens_per_step",
+               "first_step_seconds", "training_seconds", "compile_seconds", "programs_compiled",
+               "bleu", "chrf", "dev_loss", "dev_curve", "peak_memory_bytes", "wall_seconds")
+
+
+def write_natural_corpus(directory: Path) -> list[str]:
+    """Small train/dev/test files of jax_transformer.data.natural; race.py's corpus flags."""
+    from jax_transformer.data.natural import natural_length_corpus
+    flags = []
+    for split, pairs, seed in (("train", 600, 0), ("dev", 20, 1), ("test", 20, 2)):
+        corpus = natural_length_corpus(pairs, seed)
+        for side, suffix in enumerate(("src", "tgt")):
+            path = directory / f"{split}.{suffix}"
+            path.write_text("".join(pair[side] + "\n" for pair in corpus))
+            flags += [f"--{'' if split == 'train' else split + '-'}{suffix}-path", str(path)]
+    return flags
+
+
+def test_race_smoke(tmp_path):
+    """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
+    step included. Ours compiles its steps in that time unless the pytest compilation
+    cache (conftest.py) has them: up to ~20 s cold on a loaded 2-core machine, so even a
+    cold run trains some steps."""
+    out = tmp_path / "race.json"
+    race = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "race.py"), *write_natural_corpus(tmp_path),
+         "--time-budget", "30", "--device", "cpu", "--d-model", "32", "--heads", "2",
+         "--d-ff", "64", "--layers", "1", "--dropout", "0", "--vocab-size", "300",
+         "--max-len", "96", "--max-tokens", "1536", "--warmup", "20", "--eval-every", "5",
+         "--compile-cache", os.environ["JAX_COMPILATION_CACHE_DIR"], "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert race.returncode == 0, race.stdout[-3000:] + race.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["sides"]) == {"ours", "peer"} and result["same_tokenizer"]
+    for side in result["sides"].values():
+        assert all(side.get(field) is not None for field in RACE_FIELDS), side
+        assert side["steps"] > 0 and side["stopped_by"] == "time_budget"
+        assert side["tgt_tokens_per_s"] > 0 and side["peak_memory_bytes"] > 0
+        assert 0 <= side["bleu"] <= 100 and 0 <= side["chrf"] <= 100
+        assert [point["step"] for point in side["dev_curve"]] == list(
+            range(5, side["steps"] + 1, 5))
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, two sides

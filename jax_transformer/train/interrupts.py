@@ -3,7 +3,8 @@
 Inside `deferred_stops()` the first signal only records a request; the training
 loop looks at it between steps, so the checkpoint it then saves holds a model
 and a data position that belong together, and metrics.jsonl has every line up
-to that step. A second signal exits at once (`cli.exit_at_once`): the step is
+to that step. A time budget (--time-budget) stops the run the same way once its
+deadline has passed. A second signal exits at once (`cli.exit_at_once`): the step is
 abandoned, the newest checkpoint on disk is the last one saved (orbax renames
 a checkpoint into place only when it is complete), and a resume drops the
 metrics past it. On several hosts, all processes stop after the same step.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from typing import Iterator
 
 import jax
@@ -23,10 +25,13 @@ from jax_transformer import cli
 
 
 class StopRequests:
-    """The signal handler of `deferred_stops`: the first signal is a request, the second exits."""
+    """The signal handler of `deferred_stops`: the first signal is a request, the second
+    exits. Passing the `deadline` (time.monotonic()) is a request too."""
 
-    def __init__(self):
+    def __init__(self, deadline: float | None = None):
         self.signum: int | None = None  # the first signal received
+        self.deadline = deadline
+        self.out_of_time = False  # set by agreed(): some process passed the deadline
         self.exit_at_once = cli.exit_at_once(
             "received again: stopped at once, without saving this step; run the same command "
             "to resume from the newest checkpoint")
@@ -39,15 +44,18 @@ class StopRequests:
                                "it is saved (send it again to stop at once without saving)")
 
     def agreed(self) -> bool:
-        """Whether to stop now: any process received a signal (a collective on several hosts)."""
-        requested = self.signum is not None
+        """Whether to stop now: any process received a signal or passed the deadline (a
+        collective on several hosts)."""
+        requests = np.array([self.signum is not None,
+                             self.deadline is not None and time.monotonic() >= self.deadline])
         if jax.process_count() > 1:
-            requested = bool(np.any(multihost_utils.process_allgather(np.array(requested))))
-        return requested
+            requests = np.any(multihost_utils.process_allgather(requests), axis=0)
+        self.out_of_time = bool(requests[1])
+        return bool(np.any(requests))
 
 
 @contextlib.contextmanager
-def deferred_stops() -> Iterator[StopRequests]:
-    requests = StopRequests()
+def deferred_stops(deadline: float | None = None) -> Iterator[StopRequests]:
+    requests = StopRequests(deadline)
     with cli.signal_handlers(requests.handle):
         yield requests

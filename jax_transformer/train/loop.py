@@ -65,7 +65,8 @@ def load_corpus(data: DataSettings, seed: int) -> dict[str, list]:
 def run(data_settings: DataSettings, model_settings: ModelSettings,
         settings: TrainSettings) -> dict:
     """Train (or resume) in `settings.workdir`, then export and evaluate; returns eval.json's
-    contents plus "train_seconds"."""
+    contents plus "train_seconds". `settings.time_budget` counts from here."""
+    run_started = time.monotonic()
     if settings.distributed:
         jax.distributed.initialize()
     compiling.use_compilation_cache(settings.compile_cache)
@@ -73,15 +74,15 @@ def run(data_settings: DataSettings, model_settings: ModelSettings,
     primary = jax.process_index() == 0  # writes the run's files and holds the workdir lock
     workdir, lock = open_workdir(settings.workdir) if primary else (Path(settings.workdir), None)
     try:
-        return run_in(workdir, primary, data_settings, model_settings, settings)
+        return run_in(workdir, primary, data_settings, model_settings, settings, run_started)
     finally:
         if lock is not None:
             lock.release()
 
 
 def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
-           model_settings: ModelSettings, settings: TrainSettings) -> dict:
-    """`run`, inside the locked work directory."""
+           model_settings: ModelSettings, settings: TrainSettings, run_started: float) -> dict:
+    """`run`, inside the locked work directory; `run_started` is its time.monotonic()."""
     checkpointer = Checkpointer(workdir, keep=settings.keep)
     resuming = checkpointer.latest_step() is not None
     check_run_settings(workdir, recorded(data_settings, model_settings, settings), resuming,
@@ -114,7 +115,7 @@ def run_in(workdir: Path, primary: bool, data_settings: DataSettings,
 
     started = time.time()
     state, report = train(trainer, schedule, checkpointer, data, settings, data_settings,
-                          resuming)
+                          resuming, run_started)
     train_seconds = time.time() - started
     with cli.signal_handlers(cli.exit_at_once(
             f"stopped during the final export and evaluation; training is saved at step "
@@ -176,11 +177,12 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
 
 def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
           data: dict[str, PackedBatches], settings: TrainSettings, data_settings: DataSettings,
-          resuming: bool):
-    """The loop: steps up to `settings.steps`, metrics, evaluations, checkpoints.
-    Returns the final state, saved, and the run's report (batches, compiling,
-    speed). SIGINT/SIGTERM: the step finishes and is saved
-    (jax_transformer.train.interrupts), then cli.Interrupted says so."""
+          resuming: bool, run_started: float):
+    """The loop: steps up to `settings.steps`, or until `settings.time_budget` seconds
+    after `run_started` (time.monotonic()) have passed; metrics, evaluations,
+    checkpoints. Returns the final state, saved, and the run's report (batches,
+    compiling, speed, what stopped it). SIGINT/SIGTERM: the step finishes and is
+    saved (jax_transformer.train.interrupts), then cli.Interrupted says so."""
     compiled_before = compiling.CompileCounter.snapshot()
     state = trainer.initial_state
     batches = data["train"].iterator()
@@ -204,10 +206,13 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
         ahead_seconds = compiling.compile_ahead(programs, log)
     real_tokens = 0
     started = time.time()
+    seconds_before_training = time.monotonic() - run_started
+    deadline = (run_started + settings.time_budget if settings.time_budget is not None
+                else None)
     last_saved = start_step if resuming else None
     progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                     disable=settings.quiet or jax.process_index() != 0, dynamic_ncols=True)
-    with interrupts.deferred_stops() as stops, progress, contextlib.closing(metrics_log):
+    with interrupts.deferred_stops(deadline) as stops, progress, contextlib.closing(metrics_log):
         compiled = compiling.CompileCounter.since(compiled_before)  # said once stops are deferred
         log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
             f"{compiled['cache_hits']} loaded from the cache")
@@ -249,7 +254,10 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
             if step % settings.checkpoint_every == 0 or step == settings.steps:
                 checkpointer.save(state, batches.get_state())
                 last_saved = step
-        if int(state.step) != last_saved:  # stopped by a signal between checkpoints
+        if stops.out_of_time:
+            log(f"--time-budget {settings.time_budget:g} s spent: stopping after step "
+                f"{int(state.step)}")
+        if int(state.step) != last_saved:  # stopped by a signal or the budget between checkpoints
             checkpointer.save(state, batches.get_state())
         checkpointer.wait()
     if stops.signum is not None:
@@ -263,7 +271,11 @@ def train(trainer: Trainer, schedule, checkpointer: Checkpointer,
               "compile_ahead_seconds": round(ahead_seconds, 2),
               "compiled": compiling.CompileCounter.since(compiled_before),
               "steps": int(state.step) - start_step,
-              "tgt_tokens_per_s": round(real_tokens / max(time.time() - started, 1e-9), 1)}
+              "tgt_tokens_per_s": round(real_tokens / max(time.time() - started, 1e-9), 1),
+              "seconds_before_training": round(seconds_before_training, 3),
+              "stopped_by": "time_budget" if stops.out_of_time else "steps",
+              "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
+                                           or {}).get("peak_bytes_in_use")}
     log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
         f"tokens/s; compiling: {report['compiled']}")
     return state, report

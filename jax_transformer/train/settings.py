@@ -169,9 +169,12 @@ class TrainSettings:
     quiet: bool = False
     tensorboard: bool = True  # event files in WORKDIR/tensorboard/
     compile_cache: str | None = dataclasses.field(default_factory=default_compile_cache)
+    time_budget: float | None = None  # seconds from the run's start; None = no limit
 
     def __post_init__(self):
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
+        require(self.time_budget is None or self.time_budget > 0,
+                f"--time-budget must be positive (seconds), got {self.time_budget}")
         require(0 <= self.label_smoothing < 1,
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
@@ -185,7 +188,8 @@ class TrainSettings:
 # match when a work directory is resumed.
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "temperature",
-                               "distributed", "quiet", "tensorboard", "compile_cache"})
+                               "distributed", "quiet", "tensorboard", "compile_cache",
+                               "time_budget"})
 
 
 def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:

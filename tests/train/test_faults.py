@@ -267,6 +267,7 @@ def test_a_corpus_changed_under_a_run_is_named_on_resume(tmp_path):
     (["--heads", "3"], "--d-model 32 must be divisible by --heads 3"),
     (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
     (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
+    (["--time-budget", "0"], "--time-budget must be positive (seconds), got 0.0"),
     (["--workdir", "FILE"], "is a file, not a directory"),
 ])
 def test_bad_flags_get_one_line_naming_the_flag_before_any_work(tmp_path, flags, message):

@@ -21,6 +21,7 @@ from flax import nnx
 
 import train
 from jax_transformer import port, translate
+from jax_transformer.data import corpora
 from jax_transformer.train import checkpoints
 from transformer_core import checkpoint_dir
 from jax_transformer.data.batching import PackedBatches
@@ -30,7 +31,7 @@ from transformer_core.tokenizer import Tokenizer
 from jax_transformer.cli import RunFailed
 from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
-                              tensorboard_scalars, tiny_run, tiny_settings)
+                              records, tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.workdir import check_run_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from torch_reference import Transformer as TorchTransformer
@@ -91,8 +92,8 @@ def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
 def test_resume_refuses_other_settings(tmp_path):
     check_run_settings(tmp_path, recorded(tmp_path, "--steps", "4"), resuming=False)
     # Length and visibility flags may change on resume...
-    check_run_settings(tmp_path, recorded(tmp_path, "--steps", "8", "--eval-every", "2"),
-                       resuming=True)
+    check_run_settings(tmp_path, recorded(tmp_path, "--steps", "8", "--eval-every", "2",
+                                          "--time-budget", "60"), resuming=True)
     # ...anything that changes the model or the data order may not.
     with pytest.raises(settings.TrainError, match="--d-ff 64 -> 48"):
         check_run_settings(tmp_path, recorded(tmp_path, "--d-ff", "48"), resuming=True)
@@ -115,6 +116,31 @@ def test_marian_flags_leave_the_default_model_and_old_runs_alone(tmp_path):
     with pytest.raises(settings.TrainError, match="--position-layout 'interleaved' -> 'half_split'"):
         check_run_settings(tmp_path, recorded(tmp_path, "--position-layout", "half_split"),
                            resuming=True)
+
+
+@pytest.mark.slow
+def test_a_time_budget_stops_after_the_step_in_which_it_runs_out_and_saves_it(reference_run,
+                                                                            tmp_path):
+    # The reference run compiled this run's programs: the budget covers setting up again
+    # (at most as long, now that the compiles are cached) and then a few seconds of steps.
+    budget = json.loads((reference_run[0] / "eval.json").read_text())[
+        "training"]["seconds_before_training"] + 3.0
+    summary = tiny_run(tmp_path, "--steps", "100000", "--time-budget", str(budget),
+                       "--eval-every", "100000", "--checkpoint-every", "100000")
+    steps = [step for step, _ in losses(tmp_path)]
+    assert steps == list(range(1, len(steps) + 1)) and 2 <= len(steps) < 100000
+    assert summary["step"] == steps[-1]
+    assert checkpoints.Checkpointer(tmp_path).latest_step() == steps[-1]
+    training = json.loads((tmp_path / "eval.json").read_text())["training"]
+    assert training["stopped_by"] == "time_budget" and training["steps"] == steps[-1]
+    # Seconds from the run's start to the end of each step. The deadline is checked after
+    # each step's metrics are written: the check after the last but one found time left,
+    # so that step ended before the budget (0.002 s covers the 1 ms rounding of both
+    # numbers); the check after the last found it spent, a moment after that step's end
+    # (its metrics line and TensorBoard scalars written: 0.5 s, however loaded the machine).
+    ends = [training["seconds_before_training"] + r["elapsed"]
+            for r in records(tmp_path) if "loss" in r]
+    assert ends[-2] - 0.002 < budget <= ends[-1] + 0.5
 
 
 @pytest.mark.slow
@@ -260,3 +286,22 @@ def test_port_from_a_training_checkpoint(reference_run, tmp_path):
     assert (tmp_path / "ported" / "tokenizer.model").read_bytes() == (
         workdir / "tokenizer.model").read_bytes()
     assert port.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2
+
+
+
+@pytest.mark.slow
+def test_a_test_sentence_longer_than_max_len_still_gets_its_attention_plot(tmp_path):
+    """The plot shows the first test sentence and its translation, encoded again: their
+    first --max-len tokens, however long they are."""
+    splits = corpora.number_corpus(num_train=1500, num_dev=0, num_test=10, max_number=10000)
+    long_pair = tuple(" ".join([text] * 12) for text in splits["test"][0])  # > 32 pieces
+    for split, pairs in (("train", splits["train"]), ("test", [long_pair, *splits["test"]])):
+        for side, suffix in enumerate(("src", "tgt")):
+            (tmp_path / f"{split}.{suffix}").write_text("".join(p[side] + "\n" for p in pairs))
+    summary = tiny_run(tmp_path / "run", "--steps", "1", "--max-len", "32",
+                       "--src-path", str(tmp_path / "train.src"),
+                       "--tgt-path", str(tmp_path / "train.tgt"),
+                       "--test-src-path", str(tmp_path / "test.src"),
+                       "--test-tgt-path", str(tmp_path / "test.tgt"))
+    assert summary["samples"][0]["source"] == long_pair[0]
+    assert (tmp_path / "run" / "attention.png").is_file()
