@@ -36,9 +36,15 @@ def test_dropout_is_nnx_dropout_with_the_plain_generator(rate, broadcast_dims):
     x = jax.random.normal(jax.random.key(0), (4, 6, 8))
     ours = Dropout(rate, broadcast_dims=broadcast_dims, rngs=nnx.Rngs(7))
     reference = nnx.Dropout(rate, broadcast_dims=broadcast_dims, rngs=nnx.Rngs(7))
+    cotangent = jax.random.normal(jax.random.key(1), x.shape)
     with kernels.override(dropout_mask="plain"):
-        for _ in range(2):
+        for _ in range(2):  # and the streams advance alike
             np.testing.assert_array_equal(ours(x), reference(x))
+        _, vjp = jax.vjp(lambda x: Dropout(rate, broadcast_dims=broadcast_dims,
+                                           rngs=nnx.Rngs(7))(x), x)
+    _, vjp_ref = jax.vjp(lambda x: nnx.Dropout(rate, broadcast_dims=broadcast_dims,
+                                               rngs=nnx.Rngs(7))(x), x)
+    np.testing.assert_array_equal(vjp(cotangent)[0], vjp_ref(cotangent)[0])
     np.testing.assert_array_equal(nnx.view(ours, deterministic=True)(x), x)
 
 
@@ -146,6 +152,7 @@ def test_relu_dropout_with_an_rbg_mask_has_the_plain_gradient():
     assert 0 < keep.mean() < 1
 
 
+@pytest.mark.slow  # compiles three training steps
 def test_training_with_rbg_masks_is_deterministic():
     """Two trainers built alike (each compiles its own step, as a resumed run does)
     take the same steps; the threefry masks give another run."""
