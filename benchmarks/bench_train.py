@@ -43,7 +43,9 @@ element-wise ops and the optimizer not counted):
 
     MFU = (FLOPs / median step time) / (measured matmul FLOP/s), same run, same dtype.
 
-Tokens/s counts target (loss) tokens: B * T / step time.
+Tokens/s counts target (loss) tokens: B * T / step time. Each row also keeps the
+process's CPU time per step (`step_cpu_seconds`, median): on a shared CPU
+machine, less disturbed by other processes than the wall clock.
 
 Each row records its device, compute dtype and the matmul precision in force:
 for JAX, jax_default_matmul_precision and what it computes on that backend
@@ -436,13 +438,16 @@ def main(argv=None):
             runner.step(batches[(i + 1) % len(batches)])
 
     times = {name: [] for name in runners}
+    cpu_times = {name: [] for name in runners}
     losses = {name: [] for name in runners}
     peaks = []
     for i in range(args.steps):
         peaks.append(peak.measure())
         for name, (runner, batches) in runners.items():
             time.sleep(args.pause)  # let the other framework's worker threads go idle
+            cpu_start = time.process_time()
             seconds, loss = runner.step(batches[i % len(batches)])
+            cpu_times[name].append(time.process_time() - cpu_start)
             times[name].append(seconds)
             losses[name].append(loss)
         print(f"round {i}: " + "  ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items())
@@ -469,6 +474,10 @@ def main(argv=None):
                                       if args.reference_peak_tflops else None),
             "base_rss_mib": memory.get(name, {}).get("base_rss_mib"),
             "step_times": times[name], "losses": losses[name],
+            # this process's CPU time per step (all its threads): on a shared CPU
+            # machine, less disturbed by other processes than the wall clock
+            "step_cpu_seconds": statistics.median(cpu_times[name]),
+            "step_cpu_times": cpu_times[name],
         })
     eager = next((r for r in rows if r["framework"] == "torch_eager"), None)
     for r in rows:

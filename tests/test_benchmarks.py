@@ -30,6 +30,7 @@ def test_bench_train_smoke(tmp_path):
     assert set(rows) == {"jax", "jax_autodiff_grads", "jax_rbg_dropout", "torch_eager"}
     for row in rows.values():
         assert row["step_seconds"] > 0 and 0 < row["mfu"] and len(row["step_times"]) == 2
+        assert row["step_cpu_seconds"] > 0 and len(row["step_cpu_times"]) == 2
         assert row["mfu_vs_reference_peak"] == pytest.approx(
             row["achieved_flops_per_s"] / 0.5e12)
         assert row["device"].startswith("cpu: ") and row["compute_dtype"] == "float32"
