@@ -310,7 +310,8 @@ def set_torch_options(args):
 # ----------------------------------------------------------------------------- memory probe
 
 def memory_probe(args, framework: str) -> dict:
-    """Run in a fresh subprocess: peak RSS of one framework's training steps."""
+    """Run in a fresh subprocess: peak RSS (and device memory, on a GPU) of one
+    framework's training steps."""
     import jax  # noqa: F401  (both frameworks' libraries are imported in both probes)
     import torch  # noqa: F401
     set_torch_options(args)
