@@ -7,6 +7,15 @@
     python benchmarks/bench_train.py --frameworks jax jax_autodiff_grads torch_eager
                                       # also JAX with the plain Linear kernel (autodiff's
                                       # backward), the baseline for kernels/linear.py
+    python benchmarks/bench_train.py --frameworks jax jax_rbg_dropout
+                                      # also JAX with dropout masks from XLA's
+                                      # RngBitGenerator (kernels/dropout.py)
+
+Results go to benchmarks/results/train.json, or train_gpu.json when JAX runs on
+a GPU. On a GPU both frameworks share it: JAX's preallocation of 75% of its
+memory is turned off (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set), and
+torch_reference runs on CUDA, under torch.autocast(bfloat16) with --dtype
+bfloat16.
 
 One training step = forward, label-smoothed loss, backward, Adam update (the
 paper's optimizer and schedule, dropout 0.1, as in training). Both frameworks
@@ -34,19 +43,27 @@ element-wise ops and the optimizer not counted):
 
     MFU = (FLOPs / median step time) / (measured matmul FLOP/s), same run, same dtype.
 
-Tokens/s counts target (loss) tokens: B * T / step time.
+Tokens/s counts target (loss) tokens: B * T / step time. Each row also keeps the
+process's CPU time per step (`step_cpu_seconds`, median): on a shared CPU
+machine, less disturbed by other processes than the wall clock.
+
+Each row records its device, compute dtype and the matmul precision in force:
+for JAX, jax_default_matmul_precision and what it computes on that backend
+(float32 matmuls run as TF32 on NVIDIA GPUs unless it is "highest"); for torch,
+autocast, torch.backends.cuda.matmul.allow_tf32 and
+torch.get_float32_matmul_precision() (--torch-tf32 sets it to "high", TF32).
 
 Peak memory: each framework runs first step + warm-up + a few steps in a fresh
-subprocess, and the process's peak RSS (VmHWM from /proc/self/status) is
-reported (JAX's device memory_stats() is None on CPU). It includes the Python
-runtime and the framework's libraries; "base" is the RSS after imports,
-before the model is built.
+subprocess. On a GPU: the peak device memory its allocator handed out (JAX:
+memory_stats()["peak_bytes_in_use"]; torch: torch.cuda.max_memory_allocated()).
+On CPU, where JAX's memory_stats() is None: the process's peak RSS (VmHWM from
+/proc/self/status), which includes the Python runtime and the framework's
+libraries; "base" is the RSS after imports, before the model is built.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -59,6 +76,8 @@ from pathlib import Path
 
 import numpy as np
 
+# Both frameworks share one GPU: JAX must not reserve 75% of it when it starts.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -114,12 +133,47 @@ def make_batches(args, config, count: int):
     return batches
 
 
-class JaxRunner:
-    """`autodiff_weight_grads`: the baseline for jax_transformer/kernels/linear.py,
-    with the plain Linear kernel, whose backward is JAX autodiff's in XLA's default
-    layout (the row "jax_autodiff_grads"; measures what the tuned Linear buys)."""
+# Rows of JAX with some kernels switched (jax_transformer.kernels.override): what
+# each kernel choice is worth, measured in the same run as the default "jax" row.
+JAX_VARIANTS = {
+    "jax": {},
+    "jax_autodiff_grads": {"linear": "plain"},  # autodiff's Linear backward (kernels/linear.py)
+    "jax_rbg_dropout": {"dropout_mask": "tuned"},  # masks from XLA's RngBitGenerator
+}
 
-    def __init__(self, args, config, state_dict, autodiff_weight_grads: bool = False):
+# What a float32 matmul computes in, per backend and jax_default_matmul_precision
+# (jax.lax.Precision's documentation); unlisted settings: the backend's default.
+JAX_FLOAT32_MATMUL = {
+    "cpu": {None: "float32"},
+    "gpu": {None: "TF32 (NVIDIA Ampere and later; else float32)", "highest": "float32",
+            "float32": "float32", "bfloat16": "bfloat16"},
+    "tpu": {None: "1 bfloat16 pass", "high": "3 bfloat16 passes",
+            "bfloat16_3x": "3 bfloat16 passes", "highest": "float32",
+            "float32": "float32"},
+}
+
+
+def jax_numerics(dtype: str) -> dict:
+    """The device, compute dtype and matmul precision JAX runs the step with."""
+    import jax
+    backend, device = jax.default_backend(), jax.devices()[0]
+    setting = jax.config.jax_default_matmul_precision
+    table = JAX_FLOAT32_MATMUL.get(backend, {})
+    float32_matmul = table.get(setting, table.get(None, "unknown"))
+    matmuls = "bfloat16 operands, float32 accumulation" if dtype == "bfloat16" \
+        else float32_matmul
+    return {"device": f"{backend}: {_cpu_name() if backend == 'cpu' else device.device_kind}",
+            "compute_dtype": dtype,
+            "matmul_precision": f"{matmuls} (jax_default_matmul_precision="
+                                f"{setting or 'default'})"}
+
+
+class JaxRunner:
+    """The Flax model's training step, with the kernel overrides of JAX_VARIANTS[name]
+    (e.g. "jax_autodiff_grads": the plain Linear kernel, whose backward is JAX
+    autodiff's in XLA's default layout; measures what the tuned Linear buys)."""
+
+    def __init__(self, args, config, state_dict, name: str = "jax"):
         import jax
         import jax.numpy as jnp
         from flax import nnx
@@ -138,10 +192,10 @@ class JaxRunner:
             training.paper_schedule(config.d_model, args.warmup_steps), args.clip_norm)
         self.trainer = training.Trainer(model, optimizer, args.label_smoothing)
         self.state = self.trainer.initial_state
-        self.name = "jax_autodiff_grads" if autodiff_weight_grads else "jax"
-        # jit traces on the first step, so patching during steps is patching the trace.
-        self.trace_context = (lambda: kernels.override(linear="plain")) \
-            if autodiff_weight_grads else contextlib.nullcontext
+        self.name = name
+        # jit traces on the first step, so overriding during steps is overriding the trace.
+        self.trace_context = lambda: kernels.override(**JAX_VARIANTS[name])
+        self.numerics = jax_numerics(args.dtype)
 
     def prepare(self, batch):
         return self.trainer.shard_batch(batch)
@@ -178,6 +232,23 @@ class TorchRunner:
         self.forward_model = torch.compile(self.model) if compiled else self.model
         self.autocast = args.dtype == "bfloat16"
         self.args = args
+        self.numerics = self.describe_numerics()
+
+    def describe_numerics(self) -> dict:
+        """The device, compute dtype and matmul precision the step runs with."""
+        torch = self.torch
+        device = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
+        float32_matmuls = ("TF32" if torch.backends.cuda.matmul.allow_tf32 else "float32") \
+            if self.device == "cuda" else "float32"
+        settings = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+                    f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
+        if self.autocast:
+            return {"device": f"{self.device}: {device}",
+                    "compute_dtype": "bfloat16 (torch.autocast; float32 parameters)",
+                    "matmul_precision": f"bfloat16 under autocast; float32 matmuls: "
+                                        f"{float32_matmuls} ({settings})"}
+        return {"device": f"{self.device}: {device}", "compute_dtype": "float32",
+                "matmul_precision": f"{float32_matmuls} ({settings})"}
 
     def prepare(self, batch):
         return {k: self.torch.from_numpy(v.astype(np.int64)).to(self.device)
@@ -200,8 +271,8 @@ class TorchRunner:
 
 
 def make_runner(name, args, config, state_dict):
-    if name in ("jax", "jax_autodiff_grads"):
-        return JaxRunner(args, config, state_dict, name == "jax_autodiff_grads")
+    if name in JAX_VARIANTS:
+        return JaxRunner(args, config, state_dict, name)
     return TorchRunner(args, config, state_dict, compiled=(name == "torch_compile"))
 
 
@@ -229,18 +300,21 @@ class MatmulPeak:
         return 2 * self.n ** 3 / best
 
 
-def set_threads(args):
+def set_torch_options(args):
     import torch
     torch.set_num_threads(args.threads)
+    if args.torch_tf32:
+        torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls on CUDA
 
 
 # ----------------------------------------------------------------------------- memory probe
 
 def memory_probe(args, framework: str) -> dict:
-    """Run in a fresh subprocess: peak RSS of one framework's training steps."""
+    """Run in a fresh subprocess: peak RSS (and device memory, on a GPU) of one
+    framework's training steps."""
     import jax  # noqa: F401  (both frameworks' libraries are imported in both probes)
     import torch  # noqa: F401
-    set_threads(args)
+    set_torch_options(args)
     base = current_rss_mib()
     config = make_config(args)
     runner = make_runner(framework, args, config, None)
@@ -263,7 +337,12 @@ def run_memory_probe(args, framework: str) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
-FRAMEWORKS = ["jax", "jax_autodiff_grads", "torch_eager", "torch_compile"]
+FRAMEWORKS = [*JAX_VARIANTS, "torch_eager", "torch_compile"]
+
+
+def default_results_path(backend: str) -> Path:
+    return Path(__file__).parent / "results" / ("train_gpu.json" if backend == "gpu"
+                                                else "train.json")
 
 
 def parse_args(argv=None):
@@ -286,7 +365,9 @@ def parse_args(argv=None):
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch_eager", "torch_compile"],
                    choices=FRAMEWORKS,
                    help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
-                        "baseline for jax_transformer/kernels/linear.py)")
+                        "baseline for jax_transformer/kernels/linear.py); jax_rbg_dropout: "
+                        "JAX with dropout masks from XLA's RngBitGenerator "
+                        "(jax_transformer/kernels/dropout.py)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed rounds (one step per framework) after the first steps")
@@ -301,10 +382,15 @@ def parse_args(argv=None):
     p.add_argument("--reference-peak-tflops", type=float, default=None,
                    help="a spec-sheet peak (e.g. 989 for an H100 SXM's dense bf16) for a "
                         "second MFU figure; the measured matmul peak is always used")
+    p.add_argument("--torch-tf32", action="store_true",
+                   help="torch.set_float32_matmul_precision('high'): TF32 for torch's float32 "
+                        "matmuls on CUDA, as JAX's default precision uses there")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--memory-probe", choices=FRAMEWORKS,
                    help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "train.json"))
+    p.add_argument("--out", default=None,
+                   help="JSON results (default benchmarks/results/train.json, or "
+                        "train_gpu.json when JAX runs on a GPU)")
     return p.parse_args(argv)
 
 
@@ -321,13 +407,16 @@ def main(argv=None):
     from jax_transformer.pretrained import to_torch_state_dict
     from flax import nnx
 
-    set_threads(args)
+    set_torch_options(args)
     config = make_config(args)
     flops = model_flops_per_step(config, args.batch_size, args.src_len, args.tgt_len)
     state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
     host_batches = make_batches(args, config, 4)
+    on_gpu = jax.default_backend() == "gpu"
     if args.matmul_size is None:
-        args.matmul_size = 2048 if jax.default_backend() == "cpu" else 8192
+        args.matmul_size = 8192 if on_gpu else 2048
+    if args.out is None:
+        args.out = str(default_results_path(jax.default_backend()))
     peak = MatmulPeak(args.matmul_size, args.dtype)
 
     runners, first, errors = {}, {}, {}
@@ -350,13 +439,16 @@ def main(argv=None):
             runner.step(batches[(i + 1) % len(batches)])
 
     times = {name: [] for name in runners}
+    cpu_times = {name: [] for name in runners}
     losses = {name: [] for name in runners}
     peaks = []
     for i in range(args.steps):
         peaks.append(peak.measure())
         for name, (runner, batches) in runners.items():
             time.sleep(args.pause)  # let the other framework's worker threads go idle
+            cpu_start = time.process_time()
             seconds, loss = runner.step(batches[i % len(batches)])
+            cpu_times[name].append(time.process_time() - cpu_start)
             times[name].append(seconds)
             losses[name].append(loss)
         print(f"round {i}: " + "  ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items())
@@ -373,7 +465,7 @@ def main(argv=None):
         seconds = statistics.median(times[name])
         achieved = flops["train_step"] / seconds
         rows.append({
-            "framework": name, "dtype": args.dtype,
+            "framework": name, "dtype": args.dtype, **runners[name][0].numerics,
             "step_seconds": seconds, "tokens_per_s": args.batch_size * args.tgt_len / seconds,
             "model_flops_per_step": flops["train_step"], "achieved_flops_per_s": achieved,
             "mfu": achieved / peak_flops, "first_step_seconds": first[name],
@@ -383,6 +475,10 @@ def main(argv=None):
                                       if args.reference_peak_tflops else None),
             "base_rss_mib": memory.get(name, {}).get("base_rss_mib"),
             "step_times": times[name], "losses": losses[name],
+            # this process's CPU time per step (all its threads): on a shared CPU
+            # machine, less disturbed by other processes than the wall clock
+            "step_cpu_seconds": statistics.median(cpu_times[name]),
+            "step_cpu_times": cpu_times[name],
         })
     eager = next((r for r in rows if r["framework"] == "torch_eager"), None)
     for r in rows:
@@ -397,13 +493,17 @@ def main(argv=None):
         "args": vars(args),
         "flops": flops,
         "matmul_peak": {"n": args.matmul_size, "dtype": args.dtype,
+                        "matmul_precision": jax_numerics(args.dtype)["matmul_precision"],
                         "median_flops_per_s": peak_flops, "runs": peaks},
         "rows": rows, "errors": errors, "memory_probes": memory,
         "machine": {"platform": platform.platform(), "processor": _cpu_name(),
                     "cpus": os.cpu_count(), "python": platform.python_version(),
                     "jax": jax.__version__, "jax_backend": jax.default_backend(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                    "devices": sorted({r["device"] for r in rows}),
                     "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                    "XLA_PYTHON_CLIENT_PREALLOCATE":
+                        os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
                     "load_average": os.getloadavg()},
     }
     table = markdown_table(result)
@@ -425,36 +525,35 @@ def _cpu_name() -> str:
 
 
 def markdown_table(result) -> str:
-    peak = result["matmul_peak"]
+    peak, rows = result["matmul_peak"], result["rows"]
+    ref = result["args"].get("reference_peak_tflops")
+    # Peak device memory where a device reports it (GPU); else the process's peak RSS.
+    on_device = any(r["peak_device_mib"] for r in rows)
+    memory_key, memory_label = ("peak_device_mib", "peak device memory (MiB)") if on_device \
+        else ("peak_rss_mib", "peak RSS (MiB)")
     lines = [
-        f"Matmul peak ({peak['n']}^3, {peak['dtype']}, JAX, median of {len(peak['runs'])}): "
+        f"Devices: {'; '.join(result['machine']['devices'])}. Matmul peak ({peak['n']}^3, "
+        f"{peak['dtype']}, {peak['matmul_precision']}, JAX, median of {len(peak['runs'])}): "
         f"{peak['median_flops_per_s'] / 1e9:.1f} GFLOP/s. "
         f"Model FLOPs per training step: {result['flops']['train_step'] / 1e9:.1f} G.",
         "",
-        "| framework | dtype | tokens/s | step (ms) | vs torch eager | GFLOP/s | MFU "
-        "| first step (s) | peak RSS (MiB) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| framework | compute dtype | matmul precision | tokens/s | step (ms) | vs torch eager "
+        f"| GFLOP/s | MFU |{f' MFU vs {ref:g} TFLOP/s |' if ref else ''} first step (s) "
+        f"| {memory_label} |",
+        "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|" if ref else "") + "---:|---:|",
     ]
-    for r in result["rows"]:
+    for r in rows:
         speed = f"{r['speedup_vs_torch_eager']:.2f}x" if r["speedup_vs_torch_eager"] else "-"
-        rss = f"{r['peak_rss_mib']:.0f}" if r["peak_rss_mib"] else "-"
+        memory = f"{r[memory_key]:.0f}" if r[memory_key] else "-"
+        vs_ref = f" {r['mfu_vs_reference_peak'] * 100:.1f}% |" if ref else ""
         lines.append(
-            f"| {r['framework']} | {r['dtype']} | {r['tokens_per_s']:.0f} "
-            f"| {r['step_seconds'] * 1e3:.0f} | {speed} | {r['achieved_flops_per_s'] / 1e9:.1f} "
-            f"| {r['mfu'] * 100:.1f}% | {r['first_step_seconds']:.1f} | {rss} |")
+            f"| {r['framework']} | {r['compute_dtype']} | {r['matmul_precision']} "
+            f"| {r['tokens_per_s']:.0f} | {r['step_seconds'] * 1e3:.0f} | {speed} "
+            f"| {r['achieved_flops_per_s'] / 1e9:.1f} | {r['mfu'] * 100:.1f}% |{vs_ref} "
+            f"{r['first_step_seconds']:.1f} | {memory} |")
     for name, err in result["errors"].items():
-        lines.append(f"| {name} | {result['args']['dtype']} | failed: {err[:80]} | | | | | | |")
-    ref = result["args"].get("reference_peak_tflops")
-    if ref:
-        lines.append("")
-        lines.append(f"MFU against a reference peak of {ref:g} TFLOP/s: " + ", ".join(
-            f"{r['framework']} {r['mfu_vs_reference_peak'] * 100:.1f}%" for r in result["rows"]))
-    if any(r["peak_device_mib"] for r in result["rows"]):
-        lines.append("Peak device memory (MiB): " + ", ".join(
-            f"{r['framework']} {r['peak_device_mib']:.0f}" for r in result["rows"]
-            if r["peak_device_mib"]))
+        lines.append(f"| {name} | {result['args']['dtype']} | failed: {err[:80]} |")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     main()

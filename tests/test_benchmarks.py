@@ -9,32 +9,73 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow  # subprocesses; see pyproject.toml
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_train  # noqa: E402
 
 
+@pytest.mark.slow  # a subprocess; see pyproject.toml
 def test_bench_train_smoke(tmp_path):
     out = tmp_path / "train.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train.py"),
                     "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
                     "--vocab", "64", "--batch-size", "4", "--src-len", "8", "--tgt-len", "8",
                     "--steps", "2", "--warmup", "0", "--pause", "0", "--matmul-size", "64",
-                    "--no-memory", "--frameworks", "jax", "jax_autodiff_grads", "torch_eager",
+                    "--no-memory", "--reference-peak-tflops", "0.5", "--frameworks", "jax",
+                    "jax_autodiff_grads", "jax_rbg_dropout", "torch_eager",
                     "--out", str(out)], check=True, capture_output=True, text=True, timeout=600)
     result = json.loads(out.read_text())
     assert result["errors"] == {}
     rows = {row["framework"]: row for row in result["rows"]}
-    assert set(rows) == {"jax", "jax_autodiff_grads", "torch_eager"}
+    assert set(rows) == {"jax", "jax_autodiff_grads", "jax_rbg_dropout", "torch_eager"}
     for row in rows.values():
         assert row["step_seconds"] > 0 and 0 < row["mfu"] and len(row["step_times"]) == 2
+        assert row["step_cpu_seconds"] > 0 and len(row["step_cpu_times"]) == 2
+        assert row["mfu_vs_reference_peak"] == pytest.approx(
+            row["achieved_flops_per_s"] / 0.5e12)
+        assert row["device"].startswith("cpu: ") and row["compute_dtype"] == "float32"
+    for name in ("jax", "jax_autodiff_grads", "jax_rbg_dropout"):
+        assert rows[name]["matmul_precision"] == \
+            "float32 (jax_default_matmul_precision=default)"
+    assert rows["torch_eager"]["matmul_precision"] == \
+        "float32 (allow_tf32=False, float32_matmul_precision=highest)"
+    assert result["matmul_peak"]["matmul_precision"] == rows["jax"]["matmul_precision"]
     # Same weights, batches and dropout stream: the two JAX backward passes differ
     # only in how the weight gradients are laid out, so they train identically.
     np.testing.assert_allclose(rows["jax"]["losses"], rows["jax_autodiff_grads"]["losses"],
                                rtol=1e-5)
+    # The rbg row draws its own masks: another run of the same model.
+    assert rows["jax_rbg_dropout"]["losses"] != rows["jax"]["losses"]
+    np.testing.assert_allclose(rows["jax_rbg_dropout"]["losses"], rows["jax"]["losses"],
+                               rtol=0.1)
     assert rows["torch_eager"]["speedup_vs_torch_eager"] == 1.0
+    assert "| peak RSS (MiB) |" in result["markdown"]
 
 
+def test_results_go_to_train_gpu_json_on_a_gpu():
+    assert bench_train.default_results_path("gpu").name == "train_gpu.json"
+    assert bench_train.default_results_path("cpu").name == "train.json"
+
+
+def test_markdown_table_labels_memory_by_what_was_measured():
+    row = {"framework": "jax", "compute_dtype": "bfloat16", "matmul_precision": "bf16",
+           "tokens_per_s": 1.0, "step_seconds": 1.0, "speedup_vs_torch_eager": None,
+           "achieved_flops_per_s": 1e12, "mfu": 0.5, "mfu_vs_reference_peak": 0.25,
+           "first_step_seconds": 1.0, "peak_rss_mib": 3000.0, "peak_device_mib": None}
+    result = {"matmul_peak": {"n": 8, "dtype": "bfloat16", "matmul_precision": "bf16",
+                              "median_flops_per_s": 2e12, "runs": [2e12]},
+              "flops": {"train_step": 1e12}, "errors": {}, "rows": [row],
+              "args": {"reference_peak_tflops": 4.0, "dtype": "bfloat16"},
+              "machine": {"devices": ["gpu: NVIDIA H100 80GB HBM3"]}}
+    table = bench_train.markdown_table(result)
+    assert "| peak RSS (MiB) |" in table and "| 3000 |" in table and "| 25.0% |" in table
+    row["peak_device_mib"] = 1234.0
+    table = bench_train.markdown_table(result)
+    assert "| peak device memory (MiB) |" in table and "| 1234 |" in table
+
+
+@pytest.mark.slow  # a subprocess; see pyproject.toml
 def test_bench_corpus_smoke(tmp_path):
     out = tmp_path / "corpus.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_corpus.py"),

@@ -5,15 +5,19 @@
     attention               softmax(q k^T / sqrt(Dh)) v per head        attention.py
     project_qkv, project_kv W_q(query), W_k(key_value), W_v(key_value)  attention.py
     Dropout, activation_dropout   dropout(activation(h))               dropout.py
+    draw_keep_mask          dropout's keep mask from a key              dropout.py
     feed_forward            W_2(dropout(activation(W_1(x))))           feed_forward.py
 
 model.py imports them from their modules. The plain version is the maths as
 written, differentiated by autodiff; the tuned one computes the same values and
 gradients faster (each module's docstring says how, and what it was measured
-to save). Every speed trick in the Flax model lives here. Which one runs is
-decided at one switch, switch.py: per backend (`KERNELS_BY_BACKEND`), or for all
-kernels with the environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep nnx's parameter
-names and shapes, so the choice never changes a checkpoint.
+to save). One exception: draw_keep_mask's tuned generator (rbg) draws other
+masks from the same distribution, so it is off by default until measured to
+help (switch.KERNEL_EXCEPTIONS). Every speed trick in the Flax model lives
+here. Which one runs is decided at one switch, switch.py: per backend
+(`KERNELS_BY_BACKEND`, `KERNEL_EXCEPTIONS`), or for all kernels with the
+environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep
+nnx's parameter names and shapes, so the choice never changes a checkpoint.
 """
 
 from jax_transformer.kernels.switch import KERNELS_BY_BACKEND, chosen, override

@@ -1,14 +1,29 @@
-"""Dropout, and an activation followed by dropout (the FFN's inner step).
+"""Dropout's keep mask, and an activation followed by dropout (the FFN's inner step).
 
+    draw_keep_mask(key, keep_prob, shape, sharding) -> bool mask, True = keep
     activation_dropout(h, activation, dropout) = dropout(activation(h))
 
-The tuned version, for ReLU in training, is `relu_dropout`: the same values and
-gradients, with a backward pass that needs no mask (below). Other activations,
-and eval mode, take the plain path.
+`draw_keep_mask` (kernel "dropout_mask") has two generators, both drawing from
+the key the layer takes from its nnx stream, so the same key gives the same mask
+and a resumed run draws the masks it would have drawn:
+- plain, `keep_mask_threefry`: nnx.Dropout's own draw (bernoulli with the
+  stream's threefry key), the default on every backend.
+- tuned, `keep_mask_rbg`: XLA's RngBitGenerator (its default algorithm; Philox
+  on XLA:CPU) seeded with 128 bits of that key. Other masks from the same
+  distribution: its bits may change with the backend or the XLA version (JAX
+  documents rbg so), not from one step or one run to the next. Off by default
+  (switch.py): on XLA:CPU a training step was no faster with it (README,
+  Performance); on GPU, where threefry is hashed unrolled per element, it is
+  the candidate to measure (`benchmarks/bench_train.py --frameworks jax
+  jax_rbg_dropout`).
 
-`Dropout` is nnx.Dropout plus `keep_mask`, which draws the mask nnx.Dropout
-would draw for the same input (same key from the same stream, same bernoulli
-call), for layers that apply it themselves.
+`Dropout` is nnx.Dropout with its mask from `draw_keep_mask`; `keep_mask` gives
+that mask, for layers that apply it themselves. With the plain generator its
+outputs are nnx.Dropout's, bit for bit.
+
+The tuned activation_dropout, for ReLU in training, is `relu_dropout`: the same
+values and gradients, with a backward pass that needs no mask (below). Other
+activations, and eval mode, take the plain path.
 
 `relu_dropout(h, keep, rate)` is dropout(relu(h)) with the same values and the
 same gradient as autodiff gives, computed from the output alone:
@@ -32,18 +47,45 @@ from flax import nnx
 from jax_transformer.kernels import switch
 
 
+def keep_mask_threefry(key, keep_prob: float, shape, sharding=None):
+    """nnx.Dropout's draw: bernoulli with `key` itself."""
+    return jax.random.bernoulli(key, p=keep_prob, shape=shape, out_sharding=sharding)
+
+
+def keep_mask_rbg(key, keep_prob: float, shape, sharding=None):
+    """bernoulli with an rbg key (XLA's RngBitGenerator) made of 128 bits of `key`."""
+    rbg_key = jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
+    return jax.random.bernoulli(rbg_key, p=keep_prob, shape=shape, out_sharding=sharding)
+
+
+draw_keep_mask = switch.kernel("dropout_mask", plain=keep_mask_threefry, tuned=keep_mask_rbg)
+
+
 class Dropout(nnx.Dropout):
+    """nnx.Dropout with its mask from `draw_keep_mask`. Called as the model calls it,
+    on inputs alone: the mode comes from the constructor or nnx.view, the key from
+    the layer's own stream."""
+
+    def __call__(self, inputs):
+        if self.rate == 1.0 and not self.deterministic:
+            return jnp.zeros_like(inputs)  # as nnx.Dropout: no 0 * inf in the gradient
+        keep = self.keep_mask(inputs)
+        if keep is None:
+            return inputs
+        return jax.lax.select(keep, inputs / (1.0 - self.rate), jnp.zeros_like(inputs))
+
     def keep_mask(self, inputs) -> jax.Array | None:
         """The keep mask (bool, inputs' shape) this layer would apply to `inputs`, or
         None when it would return them unchanged (eval mode, rate 0)."""
         if self.deterministic or self.rate == 0.0:
             return None
-        if self.broadcast_dims:
-            raise NotImplementedError("Dropout.keep_mask with broadcast_dims")
         rngs = self.rngs
         key = rngs[self.rng_collection]() if isinstance(rngs, nnx.Rngs) else rngs()
-        return jax.random.bernoulli(key, p=1.0 - self.rate, shape=inputs.shape,
-                                    out_sharding=jax.typeof(inputs).sharding)
+        shape = list(inputs.shape)
+        for axis in self.broadcast_dims:
+            shape[axis] = 1  # one draw along these axes
+        keep = draw_keep_mask(key, 1.0 - self.rate, shape, jax.typeof(inputs).sharding)
+        return jnp.broadcast_to(keep, inputs.shape)
 
 
 def _relu_then_dropout(h, keep, rate):  # as nnx.Dropout applies its mask

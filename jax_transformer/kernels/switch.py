@@ -1,6 +1,7 @@
 """The one switch that picks each kernel's implementation: "plain" or "tuned".
 
     KERNELS_BY_BACKEND     the default per JAX backend (jax.default_backend())
+    KERNEL_EXCEPTIONS      a kernel whose default differs from it, per backend
     JAX_TRANSFORMER_KERNELS=plain|tuned   environment variable: one choice for every kernel
     with override(linear="plain"): ...    one kernel, for a block of code (tests, benchmarks)
 
@@ -22,14 +23,20 @@ ENVIRONMENT_VARIABLE = "JAX_TRANSFORMER_KERNELS"
 # The tuned kernels were measured on XLA:CPU (README, Performance). On GPU and
 # TPU they compute the same values; linear.py's weight-gradient layout is CPU-only.
 KERNELS_BY_BACKEND = {"cpu": "tuned", "gpu": "tuned", "tpu": "tuned"}
+# dropout_mask's tuned generator (rbg) draws other masks than nnx's and was no
+# faster on XLA:CPU (README, Performance). On GPU and TPU it is the candidate to
+# measure: turn it on there only where it measured faster.
+KERNEL_EXCEPTIONS = {"dropout_mask": {"cpu": "plain", "gpu": "plain", "tpu": "plain"}}
 
 _overrides: dict[str, str] = {}
 
 
 def chosen(kernel: str) -> str:
     """The implementation `kernel` uses if traced now."""
+    backend = jax.default_backend()
     name = (_overrides.get(kernel) or os.environ.get(ENVIRONMENT_VARIABLE)
-            or KERNELS_BY_BACKEND.get(jax.default_backend(), "plain"))
+            or KERNEL_EXCEPTIONS.get(kernel, {}).get(backend)
+            or KERNELS_BY_BACKEND.get(backend, "plain"))
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"{ENVIRONMENT_VARIABLE}={name!r}: expected one of {IMPLEMENTATIONS}")
     return name

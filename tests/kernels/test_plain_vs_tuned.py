@@ -13,6 +13,7 @@ from jax_transformer import kernels
 from jax_transformer.kernels import attention as attention_kernels
 from jax_transformer.kernels import dropout as dropout_kernels
 from jax_transformer.kernels import feed_forward as feed_forward_kernels
+from jax_transformer.kernels import switch
 from jax_transformer.kernels.dropout import Dropout
 from jax_transformer.kernels.linear import Linear
 from jax_transformer.model import Transformer
@@ -107,10 +108,14 @@ def test_feed_forward_on_rows_equals_plain():
 
 
 def test_switch_chooses_per_kernel_and_by_environment(monkeypatch):
-    assert kernels.chosen("attention") == kernels.KERNELS_BY_BACKEND[jax.default_backend()]
+    backend = jax.default_backend()
+    assert kernels.chosen("attention") == kernels.KERNELS_BY_BACKEND[backend]
+    assert kernels.chosen("dropout_mask") == switch.KERNEL_EXCEPTIONS["dropout_mask"][backend]
     with kernels.override(attention="plain"):
         assert kernels.chosen("attention") == "plain"
-        assert kernels.chosen("linear") == kernels.KERNELS_BY_BACKEND[jax.default_backend()]
+        assert kernels.chosen("linear") == kernels.KERNELS_BY_BACKEND[backend]
+    monkeypatch.setenv("JAX_TRANSFORMER_KERNELS", "tuned")
+    assert kernels.chosen("dropout_mask") == "tuned"
     monkeypatch.setenv("JAX_TRANSFORMER_KERNELS", "plain")
     assert kernels.chosen("linear") == "plain"
     monkeypatch.setenv("JAX_TRANSFORMER_KERNELS", "fast")
@@ -120,8 +125,9 @@ def test_switch_chooses_per_kernel_and_by_environment(monkeypatch):
 
 @pytest.mark.slow  # eager float64 through every custom VJP: ~25 s here
 def test_model_loss_and_gradients_are_the_same_with_plain_and_tuned_kernels(monkeypatch):
-    """Training mode, dropout on: same parameters, same dropout stream, so every
-    kernel's tuned version must reproduce the plain maths to float64 rounding."""
+    """Training mode, dropout on: same parameters, same dropout stream and masks (the
+    rbg generator, which draws other masks, has its own tests), so every kernel's
+    tuned version must reproduce the plain maths to float64 rounding."""
     config = TransformerConfig(src_vocab_size=23, tgt_vocab_size=23, d_model=12, num_heads=3,
                                d_ff=20, num_encoder_layers=1, num_decoder_layers=1,
                                dropout=0.2, max_len=16, output_bias=True)
@@ -136,7 +142,7 @@ def test_model_loss_and_gradients_are_the_same_with_plain_and_tuned_kernels(monk
         loss = lambda m: label_smoothed_cross_entropy(m(src, tgt), tgt, 0)[0]  # noqa: E731
         return nnx.value_and_grad(loss)(model)
 
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), kernels.override(dropout_mask="plain"):
         plain_loss, plain_grads = loss_and_grads("plain")
         tuned_loss, tuned_grads = loss_and_grads("tuned")
     np.testing.assert_allclose(tuned_loss, plain_loss, rtol=1e-13)

@@ -69,9 +69,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_eight_devices_match_one_device():
+# "tuned": every kernel's tuned version, dropout masks from XLA's RngBitGenerator
+# included, which must not repeat one shard's bits on every device.
+@pytest.mark.parametrize("kernel_set", ["default", "tuned"])
+def test_eight_devices_match_one_device(kernel_set):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_TRANSFORMER_KERNELS", None)
+    if kernel_set == "tuned":
+        env["JAX_TRANSFORMER_KERNELS"] = "tuned"
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
