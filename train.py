@@ -194,7 +194,7 @@ def train(args: argparse.Namespace) -> int:
     if data.task == "lm":
         results.update(dev_nll=round(summary["dev"]["nll"], 4), test_nll=round(test["nll"], 4),
                        test_unigram_entropy=round(test["unigram_entropy"], 4),
-                       test_continuation_exact_match=test["continuation_exact_match"])
+                       test_second_half_match=test["second_half_match"])
     else:
         results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
                        test_chrf=round(test["chrf"], 2))

@@ -23,7 +23,7 @@ POSITION_LAYOUTS = ("interleaved", "half_split")
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Flags whose default differs by task (train.py applies them before parsing the rest):
 # the built-in counting text is learnt in fewer steps than the number translations.
-TASK_DEFAULTS = {"lm": {"steps": 600}}
+TASK_DEFAULTS = {"lm": {"steps": 400}}
 # Settings added after run_args.json files were first written: a file without one
 # was written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",

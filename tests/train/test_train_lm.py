@@ -9,9 +9,14 @@ import math
 import numpy as np
 import pytest
 
+from flax import nnx
+
 import train
-from jax_transformer import generate
-from jax_transformer.train import settings
+from jax_transformer import generate, lm_decoding
+from jax_transformer.data.batching import train_tokenizer
+from jax_transformer.data.corpora import counting_text
+from jax_transformer.model import DecoderOnlyTransformer
+from jax_transformer.train import language_model, settings
 from tests.train.runs import losses, tiny_run, tiny_settings
 from transformer_core.config import TransformerConfig
 from transformer_core.generation import Sampling
@@ -42,9 +47,42 @@ def test_task_lm_builds_a_decoder_only_config(tmp_path):
     assert config.architecture == "decoder_only" and config.num_decoder_layers == 1
     assert tiny_settings(tmp_path)[0].architecture == "encoder_decoder"
     # The counting text is learnt in fewer steps: --task lm has its own default.
-    assert train.parse_args(["--task", "lm"]).steps == 600
+    assert train.parse_args(["--task", "lm"]).steps == 400
     assert train.parse_args([]).steps == 1200
     assert train.parse_args(["--task", "lm", "--steps", "7"]).steps == 7
+
+
+def test_second_half_match_counts_the_lines_whose_second_half_greedy_decoding_writes(
+        tmp_path, monkeypatch):
+    """An oracle decoder writes each prompt's true second half, then eos and junk;
+    for one line it gets the last token wrong: 5 of 6 lines match, in batches of 4."""
+    lines = counting_text(num_train=60, num_dev=1, num_test=6, max_number=1000)["test"]
+    tokenizer = train_tokenizer(lines, tmp_path / "tokenizer.model", vocab_size=60)
+    config = TransformerConfig(architecture="decoder_only", src_vocab_size=tokenizer.vocab_size,
+                               tgt_vocab_size=tokenizer.vocab_size, d_model=8, num_heads=2,
+                               d_ff=8, num_decoder_layers=1, max_len=128)
+    pieces = [tokenizer.encode(line) for line in lines]
+    second_half = {tuple(p[:len(p) // 2]): p[len(p) // 2:] for p in pieces}
+    wrong = tuple(pieces[4][:len(pieces[4]) // 2])
+
+    def oracle(model, prompt_ids, prompt_lengths, *, max_new_tokens):
+        tokens = np.full((len(prompt_ids), max_new_tokens), 7, np.int32)  # junk after eos
+        for row, (ids, n) in enumerate(zip(prompt_ids, prompt_lengths)):
+            prompt = tuple(ids[1:n].tolist())  # without bos
+            ending = second_half[prompt] + [config.eos_id]
+            tokens[row, :len(ending)] = ending
+            if prompt == wrong:
+                tokens[row, len(ending) - 2] += 1
+        return tokens, None
+
+    monkeypatch.setattr(lm_decoding, "greedy_search", oracle)
+    model = DecoderOnlyTransformer(config, rngs=nnx.Rngs(0))
+    decoded = language_model.evaluate_test(model, tokenizer, lines,
+                                           settings.TrainSettings(samples=0,
+                                                                  decode_batch_size=4),
+                                           log=lambda _: None)
+    assert decoded["test"]["lines"] == 6
+    assert decoded["test"]["second_half_match"] == pytest.approx(5 / 6)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +104,7 @@ def test_lm_run_writes_everything_and_its_samples(lm_run):
     results = json.loads((workdir / "eval.json").read_text())
     assert results["step"] == summary["step"] == 12
     test = results["test"]
-    for key in ("loss", "nll", "perplexity", "continuation_exact_match", "unigram_entropy"):
+    for key in ("loss", "nll", "perplexity", "second_half_match", "unigram_entropy"):
         assert math.isfinite(test[key]), key
     assert test["lines"] == 40 and test["perplexity"] == pytest.approx(math.exp(test["nll"]))
     assert 0 < test["nll"] < test["loss"]  # label smoothing costs on top of the nll
