@@ -63,6 +63,21 @@ def forward(model, batch, as_array):
                                                    architecture), return_attention=True)
 
 
+def packed_and_alone(model, framework: str, batch, *alone_ids):
+    """(logits, attention weights) of the packed batch, and the logits of the same
+    sequences unpacked (`alone_ids`: one per row, right-padded), as numpy, float64."""
+    as_array = jnp.asarray if framework == "jax" else to_torch
+    packed, attention = forward(model, batch, as_array)
+    if framework == "jax":
+        alone = nnx.jit(lambda m, *ids: m(*ids))(model, *map(as_array, alone_ids))
+    else:
+        with torch.no_grad():
+            alone = model(*map(as_array, alone_ids))
+    numpy = (lambda x: x.cpu().numpy()) if framework == "torch" else np.asarray
+    return numpy(packed), {kind: [numpy(w) for w in layers]
+                           for kind, layers in attention.items()}, numpy(alone)
+
+
 def unpacked(batch, pad_id: int):
     """The pairs of a packed batch one per row, right-padded: (src, tgt_in) and where
     each came from, [(row, source positions, target positions)]."""
@@ -122,16 +137,9 @@ def test_no_attention_across_pairs(framework):
     batch = packed_batch(config)
     src, tgt, where = unpacked(batch, config.pad_id)
     with precision("float64") as dtypes:
-        flax_model, torch_model = build_pair(config, "flax_to_torch", dtypes)
-        model, as_array = ((flax_model, jnp.asarray) if framework == "jax"
-                           else (torch_model, to_torch))
-        packed, attention = forward(model, batch, as_array)
-        if framework == "jax":
-            alone = nnx.jit(lambda m, s, t: m(s, t))(model, as_array(src), as_array(tgt))
-        else:
-            with torch.no_grad():
-                alone = model(as_array(src), as_array(tgt))
-    packed, alone = (np.asarray(x.cpu() if framework == "torch" else x) for x in (packed, alone))
+        models = dict(zip(("jax", "torch"), build_pair(config, "flax_to_torch", dtypes)))
+        packed, attention, alone = packed_and_alone(models[framework], framework, batch, src,
+                                                    tgt)
     for i, (row, _, t) in enumerate(where):
         assert_close(packed[row][t], alone[i][:t.sum()], F64_LOGITS,
                      f"{framework}: pair {i} (row {row}) packed vs alone")
@@ -141,8 +149,7 @@ def test_no_attention_across_pairs(framework):
         q = batch[f"{query_side}_segments"][:, None, :, None]
         k = batch[f"{key_side}_segments"][:, None, None, :]
         crossing = (q != k) & (q > 0)  # (B, 1, Tq, Tk): a real query, a key of another pair
-        for layer in attention[kind]:
-            weights = np.asarray(layer.cpu() if framework == "torch" else layer)
+        for weights in attention[kind]:
             assert np.all(np.where(crossing, weights, 0.0) == 0.0), f"{kind} crosses pairs"
 
 
@@ -162,25 +169,16 @@ def test_no_attention_across_lines(name, framework):
     for i, (row, mine) in enumerate(where):
         alone[i, :mine.sum()] = batch["tgt_in"][row][mine]
     with precision("float64") as dtypes:
-        flax_model, torch_model = build_pair(config, "flax_to_torch", dtypes)
-        model, as_array = ((flax_model, jnp.asarray) if framework == "jax"
-                           else (torch_model, to_torch))
-        packed, attention = forward(model, batch, as_array)
-        if framework == "jax":
-            alone_logits = nnx.jit(lambda m, ids: m(ids))(model, as_array(alone))
-        else:
-            with torch.no_grad():
-                alone_logits = model(as_array(alone))
-    packed, alone_logits = (np.asarray(x.cpu() if framework == "torch" else x)
-                            for x in (packed, alone_logits))
+        models = dict(zip(("jax", "torch"), build_pair(config, "flax_to_torch", dtypes)))
+        packed, attention, alone_logits = packed_and_alone(models[framework], framework, batch,
+                                                           alone)
     for i, (row, mine) in enumerate(where):
         assert_close(packed[row][mine], alone_logits[i][:mine.sum()], F64_LOGITS,
                      f"{framework}: line {i} (row {row}) packed vs alone")
     crossing = (segments[:, None, :, None] != segments[:, None, None, :]) & (
         segments[:, None, :, None] > 0)  # (B, 1, T, T): a real query, a key of another line
     (kind, layers), = attention.items()
-    for layer in layers:
-        weights = np.asarray(layer.cpu() if framework == "torch" else layer)
+    for weights in layers:
         assert np.all(np.where(crossing, weights, 0.0) == 0.0), f"{kind} crosses lines"
 
 
