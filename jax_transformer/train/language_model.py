@@ -54,12 +54,12 @@ def encode(tokenizer: Tokenizer, lines, max_len: int):
 
 def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
                   settings: TrainSettings, log: Callable[[str], None]) -> dict:
-    """Continue each test line from its first half: {"decoding", "test": the share
-    of lines whose second half greedy decoding writes token for token (what it
-    writes after that is not judged: where a line ends is often unpredictable, as
-    in the counting text) and the test text's unigram entropy,
-    "samples": the first few lines' prompt, and the whole line as written, as greedy
-    decoding continues it, and as sampling does}."""
+    """Continue each test line from its first half. Returns {"decoding", "test":
+    second_half_match (the share of lines whose second half greedy decoding writes
+    token for token; what follows is not judged, since where a line ends is often
+    unpredictable, as in the counting text) and the test text's unigram entropy,
+    "samples": the first lines' prompt, and the line as written, as greedy decoding
+    ends it and as sampling ends it}."""
     config = model.config
     pieces, _ = encode_lines(tokenizer, lines, max_len=config.max_len)
     halves = [len(p) // 2 for p in pieces]
@@ -87,6 +87,7 @@ def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
     shown = rows[: settings.samples]
     sampled = continue_lines(shown, Sampling(temperature=settings.temperature,
                                              seed=settings.seed)) if len(shown) else []
+
     def line(i, ending):  # line i's prompt and an ending, as text
         return tokenizer.decode(prompts[i][1:] + ending.tolist())
 
@@ -98,8 +99,8 @@ def evaluate_test(model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
         mark = "ok " if written[n] else "   "
         log(f"  {mark}{sample['prompt']!r} -> {sample['greedy']!r}; sampled "
             f"{sample['sampled']!r}")
-    return {"decoding": f"greedy continuations of each test line's second half; samples at "
-                        f"temperature {settings.temperature}",
+    return {"decoding": f"greedy from each test line's first half; samples at temperature "
+                        f"{settings.temperature}",
             "test": {"second_half_match": float(np.mean(written)), "lines": len(written),
                      "unigram_entropy": evaluation.unigram_entropy(
                          [np.append(p, config.eos_id) for p in pieces])},
