@@ -114,6 +114,7 @@ def write_natural_corpus(directory: Path) -> list[str]:
     return flags
 
 
+@pytest.mark.slow  # two training subprocesses, 30 s each
 def test_race_smoke(tmp_path):
     """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
     step included. Ours compiles its steps in that time unless the pytest compilation
