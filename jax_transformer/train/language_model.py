@@ -28,10 +28,9 @@ from jax_transformer.train.settings import DataSettings, TrainSettings
 from transformer_core.generation import Sampling, pad_prompts
 from transformer_core.tokenizer import Tokenizer
 
-ARCHITECTURE = "decoder_only"
 
-
-def load_splits(data: DataSettings, seed: int, log: Callable[[str], None]) -> dict[str, list[str]]:
+def load_splits(data: DataSettings, seed: int,
+                log: Callable[[str], None]) -> dict[str, list[str]]:
     """{"train", "dev", "test"} lines: the built-in counting text (in --src-lang), or
     --text-path with --num-dev and --num-test lines held out."""
     if data.builtin:

@@ -1,7 +1,8 @@
 """train.py's translation task: sentence pairs, the encoder-decoder, the test set translated.
 
-Each task module (this one, language_model.py) gives loop.py the same five things:
-ARCHITECTURE, load_splits, encode, evaluate_test and attention_figure.
+Each task module (this one, language_model.py) gives loop.py the same four functions:
+load_splits, encode, evaluate_test and attention_figure; settings.TASK_ARCHITECTURES
+names each task's architecture.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
 from transformer_core.tokenizer import Tokenizer
-
-ARCHITECTURE = "encoder_decoder"
 
 
 def load_splits(data: DataSettings, seed: int,
