@@ -2,8 +2,8 @@
 
 The models are in `jax_transformer.model` (`Transformer`, the encoder-decoder;
 `EncoderOnlyTransformer`; `DecoderOnlyTransformer`; `build_model(config)`); README's "Layout" section maps
-the rest. This file imports no JAX, so that `python -m jax_transformer.translate
---framework torch` runs without it.
+the rest. This file imports no JAX, so that `jaxformer-translate --framework torch`
+runs without it. The commands live in `jax_transformer.commands`.
 """
 
 from transformer_core.config import ConfigError, TransformerConfig

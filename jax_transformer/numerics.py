@@ -1,7 +1,7 @@
 """How parity is measured: pinned float32 numerics, and the mixed-precision rule.
 
 Used by the parity suite (parity_tests/conftest.py pins every test) and by
-`python -m jax_transformer.parity`. Imports JAX and torch only when called.
+`jaxformer-parity`. Imports JAX and torch only when called.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Layer-by-layer parity report: one checkpoint, both frameworks, the same batch.
 
-    python -m jax_transformer.parity CHECKPOINT_DIR [--sentences FILE]
-        [--dtypes float32 float64 bfloat16] [--device cpu|gpu]
+    jaxformer-parity CHECKPOINT_DIR [--sentences FILE]
+        [--dtypes float32 float64 bfloat16] [--device cpu|gpu]     (commands/parity.py)
 
 Loads the checkpoint into the Flax model and into torch_reference, runs the
 same batch through both one step at a time (embeddings; per layer the
@@ -29,7 +29,6 @@ report checks the models' own code, not a copy of their steps.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -37,12 +36,11 @@ from typing import Sequence, TextIO
 
 import numpy as np
 
-from jax_transformer import cli
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CheckpointError
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
-from jax_transformer.translate import split_lines
+from transformer_core.tokenizer import TokenizerError
 from jax_transformer.numerics import (MIXED_FACTOR, mixed_precision_ok, pinned_numerics,
                                       relative_rms_error, rounding_error)
 
@@ -115,19 +113,12 @@ def sentence_batch(directory: str | Path, config: TransformerConfig,
                    sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Tokenize with the checkpoint's tokenizer. Source: pieces + eos; target
     (teacher-forced): bos + the same sentence's pieces on the target side."""
-    from jax_transformer.port import MarianTokenizer
-    if MarianTokenizer.is_present(directory):
-        tok = MarianTokenizer(directory)
-        src_rows = [tok.encode(s, "source") for s in sentences]
-        tgt_rows = [[config.bos_id] + tok.encode(s, "target")[:-1] for s in sentences]
-    elif checkpoint_dir.tokenizer_path(directory) is not None:
-        from transformer_core.tokenizer import Tokenizer
-        tok = Tokenizer(checkpoint_dir.tokenizer_path(directory))
-        src_rows = [tok.encode(s) + [config.eos_id] for s in sentences]
-        tgt_rows = [[config.bos_id] + tok.encode(s) for s in sentences]
-    else:
-        raise CheckpointError(f"{directory} has no tokenizer (tokenizer.model, or Marian's "
-                         "source.spm + vocab.json): use a generated batch instead")
+    try:
+        tok = checkpoint_dir.load_tokenizer(directory)
+    except TokenizerError as e:
+        raise CheckpointError(f"{e}; or use a generated batch") from None
+    src_rows = [tok.encode_source(s) for s in sentences]
+    tgt_rows = [[config.bos_id] + tok.encode_target(s) for s in sentences]
 
     def pad(rows):
         rows = [r[: config.max_len] for r in rows]
@@ -335,53 +326,3 @@ def print_reports(reports: Sequence[Report], header: str = "", file: TextIO | No
             print(f"  {r.name:<{width}}{str(r.shape):<18}{numbers}  {flag}", file=file)
         verdict = "PASS" if report.ok else f"FAIL (first: {first.name})"
         print(f"  {report.dtype}: {verdict}", file=file)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (jax_transformer.cli; 1 when parity fails)."""
-    return cli.run(report_command, argv)
-
-
-def report_command(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_transformer.parity",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint directory (config.json + model.safetensors)")
-    parser.add_argument("--sentences", help="text file, one source sentence per line, tokenized "
-                                            "with the checkpoint's tokenizer (default: random ids)")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
-                        help=f"any of {', '.join(DTYPES)} (default: float32 float64)")
-    parser.add_argument("--device", choices=("cpu", "gpu"),
-                        help="where both frameworks run (default: JAX's default backend, "
-                             "torch on CUDA when it sees a GPU)")
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--src-len", type=int, default=9)
-    parser.add_argument("--tgt-len", type=int, default=7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tol32", type=float, default=DEFAULT_TOLERANCE["float32"])
-    parser.add_argument("--tol64", type=float, default=DEFAULT_TOLERANCE["float64"])
-    args = parser.parse_args(argv)
-    config, _ = checkpoint_dir.load_dir(args.checkpoint)
-    if args.sentences:
-        text = Path(args.sentences).read_bytes()
-        lines = [line.strip() for line in split_lines(text, f"--sentences {args.sentences}")
-                 if line.strip()]
-        if not lines:
-            raise InputError(f"{args.sentences} has no sentences")
-        src, tgt = sentence_batch(args.checkpoint, config, lines)
-        what = f"{len(lines)} sentence(s) from {args.sentences}"
-    else:
-        src, tgt = generated_batch(config, args.batch_size, args.src_len, args.tgt_len,
-                                   args.seed)
-        what = f"generated, seed {args.seed}"
-    dtypes = [d for item in args.dtypes for d in item.split(",") if d]  # "a,b" works too
-    reports = run(args.checkpoint, dtypes, src=src, tgt=tgt, device=args.device,
-                  tolerances={"float32": args.tol32, "float64": args.tol64})
-    print_reports(reports, f"checkpoint {args.checkpoint}: batch {src.shape[0]} x src "
-                           f"{src.shape[1]} / tgt {tgt.shape[1]} tokens ({what})")
-    ok = all(r.ok for r in reports)
-    print("\nparity: " + ("PASS" if ok else "FAIL"))
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

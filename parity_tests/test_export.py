@@ -1,4 +1,4 @@
-"""Export to Hugging Face Marian: `python -m jax_transformer.port --to hf-marian`.
+"""Export to Hugging Face Marian: `jaxformer-port --to hf-marian`.
 
 - Round trip: a random transformers MarianMTModel, saved, imported (--from hf-marian)
   and exported again gives back every tensor bit for bit, loads with no missing or
@@ -23,6 +23,8 @@ import torch
 import torch_reference
 import torch_reference.decoding
 from jax_transformer import port
+from jax_transformer.commands import port as port_command
+from transformer_core.marian_tokenizer import MarianTokenizer
 from parity_tests.helpers import fast_tier
 from parity_tests.test_port import (make_marian, marian_config, perturb_, source_batch,
                                     target_batch)
@@ -42,7 +44,7 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves n
 
 
 def export(src, out) -> None:
-    assert port.main(["--to", "hf-marian", str(src), str(out)]) == 0
+    assert port_command.main(["--to", "hf-marian", str(src), str(out)]) == 0
 
 
 def load_hf(directory):
@@ -92,7 +94,7 @@ def test_round_trip_is_bit_exact(tmp_path, variant):
             for stack in (model.model.encoder, model.model.decoder):
                 stack.embed_tokens.weight.copy_(model.model.shared.weight)
     model.save_pretrained(tmp_path / "hf")
-    assert port.main(["--from", "hf-marian", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    assert port_command.main(["--from", "hf-marian", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
     export(tmp_path / "ours", tmp_path / "back")
 
     saved = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
@@ -202,12 +204,12 @@ def test_marian_tokenizer_files_are_copied_back(tmp_path):
               if p not in ("<unk>", "<s>", "</s>")]
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}, "<pad>": 99}
     (src_dir / "vocab.json").write_text(json.dumps(vocab))
-    assert port.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "ours")]) == 0
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "ours")]) == 0
     export(tmp_path / "ours", tmp_path / "back")
     for name in ("source.spm", "target.spm", "vocab.json"):
         assert (tmp_path / "back" / name).read_bytes() == (src_dir / name).read_bytes(), name
     hf_tok = transformers.MarianTokenizer.from_pretrained(tmp_path / "back")
-    assert hf_tok("the lazy fox").input_ids == port.MarianTokenizer(tmp_path / "ours").encode(
+    assert hf_tok("the lazy fox").input_ids == MarianTokenizer(tmp_path / "ours").encode(
         "the lazy fox")
 
 
@@ -228,7 +230,7 @@ def save_zeros(directory, config, tokenizer=None):
 ])
 def test_models_marian_cannot_compute_are_refused(tmp_path, capsys, change, field):
     save_zeros(tmp_path / "ours", EXPORTABLE.replace(**change))
-    assert port.main(["--to", "hf-marian", str(tmp_path / "ours"), str(tmp_path / "hf")]) == 2
+    assert port_command.main(["--to", "hf-marian", str(tmp_path / "ours"), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot export to Marian: " + field) and err.count("\n") == 1
     assert not (tmp_path / "hf").exists()  # refused before anything is written
@@ -256,7 +258,7 @@ def test_a_tokenizer_with_other_special_ids_is_refused(tmp_path):
 
 def test_from_and_to_together_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        port.main(["--from", "hf-marian", "--to", "hf-marian", "a", "b"])
+        port_command.main(["--from", "hf-marian", "--to", "hf-marian", "a", "b"])
     assert exit_info.value.code == 2 and "not allowed with" in capsys.readouterr().err
 
 
@@ -279,7 +281,7 @@ def trained(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("marian_run")
     tiny_run(workdir, *MARIAN_RUN)
     ours, hf = workdir / "ours", workdir / "hf"
-    assert port.main(["--from", "jax-orbax", str(workdir / "checkpoints"), str(ours)]) == 0
+    assert port_command.main(["--from", "jax-orbax", str(workdir / "checkpoints"), str(ours)]) == 0
     export(ours, hf)
     return ours, hf
 

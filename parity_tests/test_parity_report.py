@@ -1,4 +1,4 @@
-"""`python -m jax_transformer.parity`: the layer-by-layer report, and that it fails when it should."""
+"""`jaxformer-parity`: the layer-by-layer report, and that it fails when it should."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 import torch_reference
 from jax_transformer import parity, pretrained
+from jax_transformer.commands import parity as parity_command
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
 
@@ -45,7 +46,7 @@ def rows_of(report):
 
 @pytest.mark.slow
 def test_report_passes_and_covers_every_layer(checkpoint, capsys):
-    assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 0
+    assert parity_command.main([str(checkpoint), *SHAPE_ARGS]) == 0
     out = capsys.readouterr().out
     assert "float32: PASS" in out and "float64: PASS" in out and "parity: PASS" in out
     for stack, n in (("encoder", 2), ("decoder", 2)):
@@ -84,7 +85,7 @@ def perturb_jax_loader(monkeypatch, key_path, scale=0.05):
 @pytest.mark.slow
 def test_first_diverging_layer_is_flagged(checkpoint, monkeypatch, capsys):
     perturb_jax_loader(monkeypatch, ("decoder", "layers", 1, "cross_attn", "W_k", "kernel"))
-    assert parity.main([str(checkpoint), *SHAPE_ARGS]) == 1
+    assert parity_command.main([str(checkpoint), *SHAPE_ARGS]) == 1
     out = capsys.readouterr().out
     flagged = [line for line in out.splitlines() if "first over tolerance" in line]
     assert len(flagged) == 2  # once per dtype
@@ -127,11 +128,11 @@ def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
     assert src[0].tolist()[: len(tok.encode("the lazy dog")) + 1] == \
         tok.encode("the lazy dog") + [CONFIG.eos_id]
     assert (tgt[:, 0] == CONFIG.bos_id).all()
-    assert parity.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "sents.txt"),
+    assert parity_command.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "sents.txt"),
                         "--dtypes", "float32"]) == 0
     assert "2 sentence(s)" in capsys.readouterr().out
     (tmp_path / "latin1.txt").write_bytes("the lazy dog\nsch\xf6n\n".encode("latin-1"))
-    assert parity.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "latin1.txt")]) == 2
+    assert parity_command.main([str(tmp_path / "ckpt"), "--sentences", str(tmp_path / "latin1.txt")]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: --sentences {tmp_path / 'latin1.txt'} is not UTF-8 text (line 2, byte 4: "
         "invalid start byte)")
@@ -140,7 +141,7 @@ def test_sentences_file_uses_checkpoint_tokenizer(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_exit_codes(tmp_path):
     """The real entry point: 2 for a bad checkpoint (0 and 1 are checked through main above)."""
-    missing = subprocess.run([sys.executable, "-m", "jax_transformer.parity",
+    missing = subprocess.run([sys.executable, "-m", "jax_transformer.commands.parity",
                               str(tmp_path / "nothing")], capture_output=True, text=True)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
@@ -149,7 +150,7 @@ def test_cli_exit_codes(tmp_path):
 def test_bfloat16_rows_report_devices_and_catch_a_bad_weight(checkpoint, monkeypatch, capsys):
     """bfloat16 rows: each side against float64; a mis-loaded weight is flagged at
     the layer it is in, and nothing before it is."""
-    assert parity.main([str(checkpoint), *SHAPE_ARGS, "--dtypes", "bfloat16", "--device",
+    assert parity_command.main([str(checkpoint), *SHAPE_ARGS, "--dtypes", "bfloat16", "--device",
                         "cpu"]) == 0
     out = capsys.readouterr().out
     assert "bfloat16: Flax on cpu:0, torch_reference on cpu" in out
@@ -162,8 +163,8 @@ def test_bfloat16_rows_report_devices_and_catch_a_bad_weight(checkpoint, monkeyp
 
 
 def test_unknown_dtype_and_device_are_input_errors(checkpoint, capsys):
-    assert parity.main([str(checkpoint), "--dtypes", "float16"]) == 2
+    assert parity_command.main([str(checkpoint), "--dtypes", "float16"]) == 2
     assert "float16" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
-        parity.main([str(checkpoint), "--device", "tpu"])
+        parity_command.main([str(checkpoint), "--device", "tpu"])
     assert exit_info.value.code == 2

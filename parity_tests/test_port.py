@@ -2,7 +2,7 @@
 
 Sources are built here with random weights (nothing downloaded): a small
 transformers MarianMTModel and a model wrapping torch.nn.Transformer. Each is
-converted with `python -m jax_transformer.port`'s `main`, loaded by the Flax
+converted with `jaxformer-port`'s `main`, loaded by the Flax
 model and by torch_reference, and compared with the original: logits (float32
 max |diff| <= 1e-4, float64 <= 1e-10) and greedy tokens.
 """
@@ -23,6 +23,8 @@ from flax import nnx
 
 import torch_reference
 from jax_transformer import port
+from jax_transformer.commands import port as port_command
+from transformer_core.marian_tokenizer import MarianTokenizer
 from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
@@ -156,7 +158,7 @@ MARIAN_VARIANTS = {
 def test_marian_float32_logits_and_greedy(tmp_path, variant):
     model, src_dir = make_marian(tmp_path, **MARIAN_VARIANTS[variant])
     out_dir = tmp_path / "ours"
-    assert port.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
     config = TransformerConfig.from_json(out_dir / "config.json")
     assert (config.activation, config.position_layout, config.bos_id, config.eos_id,
             config.pad_id) == (model.config.activation_function.replace("swish", "silu"),
@@ -170,7 +172,7 @@ def test_marian_float32_logits_and_greedy(tmp_path, variant):
 def test_marian_float64_from_pytorch_model_bin(tmp_path):
     model, src_dir = make_marian(tmp_path, weights="bin")
     out_dir = tmp_path / "ours"
-    assert port.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
     model = model.double()
     # HF builds its sinusoid table in float64 but stores it through float32; give the
     # float64 source the exact table (it equals ours: see test_marian_positions_equal_ours).
@@ -211,11 +213,11 @@ def test_marian_tokenizer_files_are_copied_and_used(tmp_path):
     vocab = {"</s>": EOS, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}, "<pad>": PAD}
     (src_dir / "vocab.json").write_text(json.dumps(vocab))
     out_dir = tmp_path / "ours"
-    assert port.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(out_dir)]) == 0
     for name in ("source.spm", "target.spm", "vocab.json"):
         assert (out_dir / name).read_bytes() == (src_dir / name).read_bytes()
     assert not (out_dir / "tokenizer.model").exists()  # its ids would be the wrong ones
-    tok = port.MarianTokenizer(out_dir)
+    tok = MarianTokenizer(out_dir)
     ids = tok.encode("the lazy fox")
     assert ids[-1] == EOS and all(0 <= i < 100 for i in ids)
     assert ids[:-1] == [vocab.get(p, 1) for p in proc.encode("the lazy fox", out_type=str)]
@@ -239,7 +241,7 @@ def test_marian_unsupported_config_is_an_error(tmp_path, capsys, change, message
     src_dir.mkdir()
     values = {**marian_config().to_dict(), **change}
     (src_dir / "config.json").write_text(json.dumps(values))
-    assert port.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "out")]) == 2
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -262,7 +264,7 @@ def test_pickles_that_need_code_are_refused(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     with open(path, "wb") as f:
         pickle.dump({"x": Evil()}, f)
-    assert port.main(["--from", "torch-reference", str(path), str(tmp_path / "out")]) == 2
+    assert port_command.main(["--from", "torch-reference", str(path), str(tmp_path / "out")]) == 2
     with pytest.raises(port.PortError, match="weights_only"):
         port.read_weights(path)
     assert "this must never run" not in capsys.readouterr().out
@@ -337,7 +339,7 @@ def convert_nn(path, out_dir, kwargs):
         argv.append("--norm-first")
     if kwargs.get("activation"):
         argv += ["--activation", kwargs["activation"]]
-    assert port.main(argv) == 0
+    assert port_command.main(argv) == 0
 
 
 @pytest.mark.parametrize("variant", fast_tier(NN_VARIANTS, fast={"pre-LN gelu shared tied"}))
@@ -382,9 +384,9 @@ def test_torch_nn_transformer_in_proj_is_split_q_k_v(tmp_path):
 def test_torch_nn_transformer_needs_heads_and_names_leftovers(tmp_path, capsys):
     _, path = make_nn(tmp_path)
     out = str(tmp_path / "out")
-    assert port.main(["--from", "torch-nn-transformer", str(path), out]) == 2
+    assert port_command.main(["--from", "torch-nn-transformer", str(path), out]) == 2
     assert "--num-heads" in capsys.readouterr().err
-    assert port.main(["--from", "torch-nn-transformer", str(path), out, "--num-heads", "4",
+    assert port_command.main(["--from", "torch-nn-transformer", str(path), out, "--num-heads", "4",
                       "--src-embed", "src_tok_emb", "--tgt-embed", "tgt_tok_emb"]) == 2
     assert "pos_embedding" in capsys.readouterr().err  # not silently dropped
 
@@ -396,7 +398,7 @@ def test_torch_nn_transformer_mapping_file(tmp_path):
                    ignore=["pos_embedding"], num_heads=4, activation="gelu", norm_first=True,
                    pad_id=0, bos_id=1, eos_id=2, max_len=64)
     (tmp_path / "map.json").write_text(json.dumps(mapping))
-    assert port.main(["--from", "torch-nn-transformer", str(path), str(tmp_path / "ours"),
+    assert port_command.main(["--from", "torch-nn-transformer", str(path), str(tmp_path / "ours"),
                       "--mapping", str(tmp_path / "map.json")]) == 0
     config = TransformerConfig.from_json(tmp_path / "ours" / "config.json")
     assert config.share_embeddings and config.tie_output and config.output_bias
@@ -430,7 +432,7 @@ def test_torch_reference_state_dict(tmp_path, bundle):
         torch.save(model.state_dict(), path)
         config.to_json(tmp_path / "config.json")
         argv += ["--config", str(tmp_path / "config.json")]
-    assert port.main(argv) == 0
+    assert port_command.main(argv) == 0
     loaded = torch_reference.Transformer.from_pretrained(tmp_path / "ours")
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key  # bit-exact
@@ -445,6 +447,6 @@ def test_torch_reference_state_dict(tmp_path, bundle):
 
 def test_torch_reference_without_config_is_an_error(tmp_path, capsys):
     torch.save(torch_reference.Transformer(small_config()).state_dict(), tmp_path / "m.pt")
-    assert port.main(["--from", "torch-reference", str(tmp_path / "m.pt"),
+    assert port_command.main(["--from", "torch-reference", str(tmp_path / "m.pt"),
                       str(tmp_path / "out")]) == 2
     assert "--config" in capsys.readouterr().err

@@ -1,8 +1,7 @@
 """FSMT and M2M100 checkpoints, converted, compute what transformers computes.
 
 Small transformers models with random weights (every parameter perturbed, as in
-test_port.py; nothing downloaded) are saved, converted with `python -m
-jax_transformer.port`'s `main`, loaded by the Flax model and torch_reference,
+test_port.py; nothing downloaded) are saved, converted with `jaxformer-port`'s `main`, loaded by the Flax model and torch_reference,
 and compared with transformers' own forward (float32 max |diff| <= 1e-4,
 float64 <= 1e-10) on right-padded batches, and with transformers' greedy
 `generate` (num_beams=1, do_sample=False) against both of our greedy decoders.
@@ -24,7 +23,9 @@ import safetensors.numpy
 import torch
 
 from jax_transformer import decoding as jax_decoding
-from jax_transformer import parity, port
+from jax_transformer import port
+from jax_transformer.commands import parity as parity_command
+from jax_transformer.commands import port as port_command
 from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from parity_tests.test_port import load_ours, our_logits, perturb_
 from torch_reference import decoding as torch_decoding
@@ -72,7 +73,7 @@ def make_model(tmp_path, family: str, **overrides):
 
 
 def convert(family: str, src_dir, out_dir) -> TransformerConfig:
-    assert port.main(["--from", FAMILIES[family]["source"], str(src_dir), str(out_dir)]) == 0
+    assert port_command.main(["--from", FAMILIES[family]["source"], str(src_dir), str(out_dir)]) == 0
     return TransformerConfig.from_json(out_dir / "config.json")
 
 
@@ -195,7 +196,7 @@ def test_float64_logits(tmp_path, monkeypatch, family):
 def test_parity_report_passes_on_converted_model(tmp_path, family, capsys):
     _, src_dir = make_model(tmp_path, family)
     convert(family, src_dir, tmp_path / "ours")
-    assert parity.main([str(tmp_path / "ours")]) == 0
+    assert parity_command.main([str(tmp_path / "ours")]) == 0
     out = capsys.readouterr().out
     assert "float32: PASS" in out and "float64: PASS" in out
 
@@ -209,7 +210,7 @@ def test_stored_position_table_is_checked(tmp_path, capsys):
     rows, d = tensors[key].shape
     tensors[key] = sinusoidal_positions(rows, d, "half_split").astype(np.float32)
     safetensors.numpy.save_file(tensors, weights)
-    assert port.main(["--from", "hf-fsmt", str(src_dir), str(tmp_path / "out")]) == 2
+    assert port_command.main(["--from", "hf-fsmt", str(src_dir), str(tmp_path / "out")]) == 2
     assert "encoder.embed_positions.weight is not fairseq's" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -230,7 +231,7 @@ def test_unsupported_config_is_an_error(tmp_path, capsys, family, change, messag
     src_dir.mkdir()
     (src_dir / "config.json").write_text(json.dumps({**hf_config(family).to_dict(), **change}))
     source = FAMILIES[family]["source"]
-    assert port.main(["--from", source, str(src_dir), str(tmp_path / "out")]) == 2
+    assert port_command.main(["--from", source, str(src_dir), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

@@ -1,5 +1,4 @@
-"""Models built on torch.nn.TransformerEncoder, converted with `python -m
-jax_transformer.port --from torch-nn-encoder`, compute what the original module
+"""Models built on torch.nn.TransformerEncoder, converted with `jaxformer-port --from torch-nn-encoder`, compute what the original module
 computes in both of our frameworks: logits (float32 <= 1e-4, float64 <= 1e-10)
 and, for the causal language models, the same greedy continuation.
 
@@ -23,6 +22,7 @@ from flax import nnx
 import torch_reference.model
 from jax_transformer import model as flax_model_module
 from jax_transformer import port
+from jax_transformer.commands import port as port_command
 from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from parity_tests.test_port import perturb_
 from transformer_core.config import TransformerConfig
@@ -131,7 +131,7 @@ def convert(model, path, out_dir, kwargs):
     argv += ["--output", "" if head == "none" else "linear"]  # tied: found equal
     if not kwargs.get("scale", True):
         argv.append("--no-scale-embeddings")
-    assert port.main(argv) == 0
+    assert port_command.main(argv) == 0
     return TransformerConfig.from_json(out_dir / "config.json")
 
 
@@ -282,7 +282,7 @@ def test_torch_nn_encoder_errors(tmp_path, capsys, case):
             "--num-heads", "4", *flags]
     if "--architecture" not in dropped:
         argv += ["--architecture", "decoder_only"]
-    assert port.main(argv) == 2
+    assert port_command.main(argv) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

@@ -12,7 +12,7 @@ import torch
 from flax import nnx
 
 from transformer_core import checkpoint_dir
-from jax_transformer.data.batching import PackedBatches
+from jax_transformer.data.packing import PackedBatches
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
 from parity_tests.helpers import (CONFIGS, SINGLE_STACK_CONFIGS, build_pair, fast_tier,

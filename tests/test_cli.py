@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jax_transformer import cli
+from jax_transformer import signals
+from jax_transformer.commands import exit_codes
+from transformer_core.errors import RunFailed
 from transformer_core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,18 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("raised, code", [
     (ConfigError("d_model must be a positive integer"), 2),
     (FileNotFoundError("no such file: x.txt"), 2),
-    (cli.RunFailed("loss nan at step 3"), 1),
-    (cli.Interrupted("interrupted: saved step 4"), 130),
+    (RunFailed("loss nan at step 3"), 1),
+    (signals.Interrupted("interrupted: saved step 4"), 130),
 ])
 def test_outcomes_become_exit_codes_and_one_line(capsys, raised, code):
     def main(argv):
         raise raised
-    before = {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS}
+    before = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     try:
-        assert cli.run(main, []) == code
-        after = {signum: signal.getsignal(signum) for signum in cli.STOP_SIGNALS}
+        assert exit_codes.run(main, []) == code
+        after = {signum: signal.getsignal(signum) for signum in signals.STOP_SIGNALS}
     finally:
-        cli.set_stop_handlers(before)
+        signals.set_stop_handlers(before)
     err = capsys.readouterr().err
     assert err.strip() == (f"error: {raised}" if code in (1, 2) else str(raised))
     # After a stop the process is exiting: a repeated signal must not meet the
@@ -39,7 +41,7 @@ def test_bugs_are_not_hidden():
     def main(argv):
         raise ZeroDivisionError("a bug")
     with pytest.raises(ZeroDivisionError):
-        cli.run(main, [])
+        exit_codes.run(main, [])
 
 
 def write_bad_files(tmp: Path) -> None:
@@ -58,20 +60,20 @@ def write_bad_files(tmp: Path) -> None:
 @pytest.mark.parametrize("command, message", [
     (["train.py", "--src-path", "missing.en", "--tgt-path", "missing.de", "--quiet"],
      "missing.en"),
-    (["-m", "jax_transformer.translate", "--checkpoint", "missing"], "missing"),
-    (["-m", "jax_transformer.translate", "--checkpoint", "missing", "--output",
+    (["-m", "jax_transformer.commands.translate", "--checkpoint", "missing"], "missing"),
+    (["-m", "jax_transformer.commands.translate", "--checkpoint", "missing", "--output",
       "{tmp}/missing/out.txt"], "error: --output {tmp}/missing/out.txt"),
-    (["-m", "jax_transformer.translate", "--checkpoint", "{tmp}/ckpt"],
+    (["-m", "jax_transformer.commands.translate", "--checkpoint", "{tmp}/ckpt"],
      "{tmp}/ckpt/config.json: pre_norm must be a boolean"),
-    (["-m", "jax_transformer.port", "--from", "hf-marian", "missing", "out"], "missing"),
-    (["-m", "jax_transformer.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
+    (["-m", "jax_transformer.commands.port", "--from", "hf-marian", "missing", "out"], "missing"),
+    (["-m", "jax_transformer.commands.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
       "{tmp}/out", "--config", "{tmp}/good.json"],
      "cannot read {tmp}/cut.safetensors: corrupt or truncated"),
-    (["-m", "jax_transformer.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
+    (["-m", "jax_transformer.commands.port", "--from", "torch-reference", "{tmp}/cut.safetensors",
       "{tmp}/out", "--config", "{tmp}/typo.json"],
      "{tmp}/typo.json: dropout must be a number, got '0.1' (str)"),
-    (["-m", "jax_transformer.parity", "missing"], "missing"),
-    (["-m", "jax_transformer.parity", "{tmp}/ckpt"],
+    (["-m", "jax_transformer.commands.parity", "missing"], "missing"),
+    (["-m", "jax_transformer.commands.parity", "{tmp}/ckpt"],
      "{tmp}/ckpt/config.json: pre_norm must be a boolean"),
 ])
 def test_every_command_line_reports_bad_input_the_same_way(tmp_path, command, message):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torch_reference
-from jax_transformer import TransformerConfig, generate
+from jax_transformer import TransformerConfig
+from jax_transformer.commands import generate
 from transformer_core.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,12 +107,12 @@ def test_errors_are_clear(checkpoint, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_command_line_torch_needs_no_jax(checkpoint):
-    """`python -m jax_transformer.generate --framework torch` (via runpy, as -m does)
+    """`jaxformer-generate --framework torch` (via runpy, as -m does)
     never imports JAX."""
     script = ("import runpy, sys\n"
               "sys.argv = ['generate'] + sys.argv[1:]\n"
               "try:\n"
-              "    runpy.run_module('jax_transformer.generate', run_name='__main__')\n"
+              "    runpy.run_module('jax_transformer.commands.generate', run_name='__main__')\n"
               "except SystemExit as e:\n"
               "    assert e.code in (0, None), e.code\n"
               "assert 'jax' not in sys.modules, 'JAX was imported'\n")

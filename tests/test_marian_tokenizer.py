@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from jax_transformer.port import MarianTokenizer, PortError
+from transformer_core.marian_tokenizer import MarianTokenizer
+from transformer_core.tokenizer import TokenizerError
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -111,7 +112,7 @@ def test_a_source_lang_that_is_not_a_code_is_an_error(directory, tmp_path):
     for name in ("source.spm", "target.spm", "vocab.json"):
         (tmp_path / name).write_bytes((directory / name).read_bytes())
     (tmp_path / "tokenizer_config.json").write_text('{"source_lang": 1}')
-    with pytest.raises(PortError, match="source_lang must be a language code or null, got 1"):
+    with pytest.raises(TokenizerError, match="source_lang must be a language code or null, got 1"):
         MarianTokenizer(tmp_path)
 
 
@@ -120,9 +121,9 @@ def test_a_source_lang_that_is_not_a_code_is_an_error(directory, tmp_path):
 @pytest.fixture(scope="module")
 def marian_checkpoint(directory, tmp_path_factory):
     """A random-weight MarianMTModel over `directory`'s vocabulary, converted with
-    `python -m jax_transformer.port --from hf-marian` (tokenizer files copied)."""
+    `jaxformer-port --from hf-marian` (tokenizer files copied)."""
     import torch
-    from jax_transformer import port
+    from jax_transformer.commands import port as port_command
     vocab = json.loads((directory / "vocab.json").read_text())
     config = transformers.MarianConfig(
         vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
@@ -140,14 +141,14 @@ def marian_checkpoint(directory, tmp_path_factory):
     for path in directory.iterdir():
         (source / path.name).write_bytes(path.read_bytes())
     converted = tmp_path_factory.mktemp("converted") / "model"
-    assert port.main(["--from", "hf-marian", str(source), str(converted)]) == 0
+    assert port_command.main(["--from", "hf-marian", str(source), str(converted)]) == 0
     return converted
 
 
 def translate_file(checkpoint, lines, tmp_path, capsys, *flags):
-    """`python -m jax_transformer.translate` (torch_reference, greedy) on `lines`:
+    """`jaxformer-translate` (torch_reference, greedy) on `lines`:
     (exit code, output lines, stderr)."""
-    from jax_transformer import translate
+    from jax_transformer.commands import translate
     source, output = tmp_path / "source.txt", tmp_path / "out.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     code = translate.main(["--checkpoint", str(checkpoint), "--input", str(source), "--output",
@@ -159,10 +160,10 @@ def translate_file(checkpoint, lines, tmp_path, capsys, *flags):
 
 def test_translate_takes_a_language_code_at_the_start_of_each_line(marian_checkpoint, theirs,
                                                                    tmp_path, capsys):
-    from jax_transformer import translate
-    _, tokenizer = translate.load(marian_checkpoint, "torch")
+    from jax_transformer import translator
+    _, tokenizer = translator.load(marian_checkpoint, "torch")
     for text in (">>fra<< the quick fox", ">>deu<<the lazy dog", "the dog"):
-        assert translate.source_ids(tokenizer, text, 1, 0) == theirs(text)["input_ids"], text
+        assert translator.source_ids(tokenizer, text, 1) == theirs(text)["input_ids"], text
     lines = [">>fra<< the quick brown fox", "", ">>deu<< the quick brown fox"]
     code, out, err = translate_file(marian_checkpoint, lines, tmp_path, capsys)
     assert code == 0, err

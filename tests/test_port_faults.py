@@ -1,4 +1,4 @@
-"""python -m jax_transformer.port on bad input: one `error: ...` line naming the file, exit 2,
+"""jaxformer-port on bad input: one `error: ...` line naming the file, exit 2,
 nothing written; and the files it writes are readable by others, as open() would make them."""
 
 import json
@@ -12,7 +12,7 @@ import safetensors.torch
 import torch
 
 import torch_reference
-from jax_transformer import port
+from jax_transformer.commands import port as port_command
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 
@@ -31,7 +31,7 @@ def state_dict():
 
 
 def run_port(argv, capsys):
-    code = port.main([str(a) for a in argv])
+    code = port_command.main([str(a) for a in argv])
     return code, capsys.readouterr().err
 
 
@@ -135,7 +135,7 @@ def test_command_line_writes_files_others_can_read(tmp_path):
     (tmp_path / "spm.model").write_bytes(b"a tokenizer")
     out = tmp_path / "out"
     result = subprocess.run(
-        ["sh", "-c", 'umask 022 && exec "$@"', "sh", sys.executable, "-m", "jax_transformer.port",
+        ["sh", "-c", 'umask 022 && exec "$@"', "sh", sys.executable, "-m", "jax_transformer.commands.port",
          "--from", "torch-reference", str(tmp_path / "model.pt"), str(out), "--config",
          str(tmp_path / "config.json"), "--tokenizer", str(tmp_path / "spm.model")],
         cwd=ROOT, capture_output=True, text=True, timeout=300)

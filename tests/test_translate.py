@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torch_reference
-from jax_transformer import TransformerConfig, translate
+from jax_transformer import TransformerConfig, translator
+from jax_transformer.commands import translate
 from transformer_core.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,10 +61,10 @@ def run_main(args, capsys):
 
 
 def run_script(args, stdin: bytes, prelude: str = ""):
-    """`python -m jax_transformer.translate ARGS < stdin` after `prelude`, via runpy as -m does."""
+    """`jaxformer-translate ARGS < stdin` after `prelude`, via runpy as -m does."""
     script = (f"import runpy, sys\n{prelude}"
               "sys.argv = ['translate'] + sys.argv[1:]\n"
-              "runpy.run_module('jax_transformer.translate', run_name='__main__')\n")
+              "runpy.run_module('jax_transformer.commands.translate', run_name='__main__')\n")
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], input=stdin,
                           capture_output=True, cwd=REPO, timeout=120)
 
@@ -104,12 +105,12 @@ def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys)
 
 @pytest.mark.slow
 def test_command_line_reads_stdin_and_torch_needs_no_jax(torch_checkpoint):
-    """`python -m jax_transformer.translate` (run via runpy, as -m does) on stdin;
+    """`jaxformer-translate` (run via runpy, as -m does) on stdin;
     with --framework torch, JAX is never imported."""
     script = ("import runpy, sys\n"
               "sys.argv = ['translate'] + sys.argv[1:]\n"
               "try:\n"
-              "    runpy.run_module('jax_transformer.translate', run_name='__main__')\n"
+              "    runpy.run_module('jax_transformer.commands.translate', run_name='__main__')\n"
               "except SystemExit as e:\n"
               "    assert e.code in (0, None), e.code\n"
               "assert 'jax' not in sys.modules, 'JAX was imported'\n")
@@ -168,8 +169,8 @@ ODD_LINES = ["the cat\u2028sat on the mat", "a big\x0cdog", "the bird\rsings", "
 @pytest.mark.parametrize("ending, last", [("\n", "\n"), ("\n", ""), ("\r\n", "\r\n")],
                          ids=["lf", "no-final-newline", "crlf"])
 def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, ending, last):
-    model, tokenizer = translate.load(torch_checkpoint, "torch")
-    expected = translate.translate_lines(ODD_LINES, model, tokenizer, framework="torch", beam=1,
+    model, tokenizer = translator.load(torch_checkpoint, "torch")
+    expected = translator.translate_lines(ODD_LINES, model, tokenizer, framework="torch", beam=1,
                                          max_len=8)
     source, output = tmp_path / "source.txt", tmp_path / "out.txt"
     source.write_bytes((ending.join(ODD_LINES) + last).encode())
@@ -182,9 +183,9 @@ def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, endi
 
 
 def test_blank_lines_stay_blank_and_are_not_translated(torch_checkpoint):
-    model, tokenizer = translate.load(torch_checkpoint, "torch")
+    model, tokenizer = translator.load(torch_checkpoint, "torch")
     batches = []
-    translations = translate.translate_lines(
+    translations = translator.translate_lines(
         ["the cat", "", " \t ", "a dog"], model, tokenizer, framework="torch", beam=1,
         max_len=8, batch_size=1, progress=lambda b: batches.extend(b) or b)
     assert translations[1:3] == ["", ""]

@@ -30,6 +30,8 @@ import safetensors.numpy
 
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError, listing
+from transformer_core.marian_tokenizer import MarianTokenizer
+from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -190,3 +192,16 @@ def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str,
 def tokenizer_path(directory: str | os.PathLike) -> Path | None:
     path = Path(directory) / TOKENIZER_FILE
     return path if path.is_file() else None
+
+
+def load_tokenizer(directory: str | os.PathLike) -> CheckpointTokenizer:
+    """The directory's tokenizer: a converted Marian model's (source.spm + vocab.json) or
+    ours (tokenizer.model); a TokenizerError when it has neither."""
+    if MarianTokenizer.is_present(directory):
+        return MarianTokenizer(directory)
+    path = tokenizer_path(directory)
+    if path is None:
+        raise TokenizerError(f"{directory} has no {TOKENIZER_FILE} (nor Marian's source.spm + "
+                             "vocab.json); save the checkpoint with its tokenizer "
+                             "(save_pretrained(dir, tokenizer=path))")
+    return Tokenizer(path)

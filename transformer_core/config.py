@@ -19,39 +19,51 @@ class ConfigError(InputError):
     """A configuration value is invalid; the message names the field."""
 
 
+def _field(default, help: str):
+    """A config field with its help text, which train.py's flags show (field metadata)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-    # encoder_decoder: the paper's translator. encoder_only: one bidirectional stack
-    # (num_encoder_layers) giving hidden states and logits. decoder_only: one causal
-    # stack without cross-attention (num_decoder_layers), a language model. The
-    # single-stack models have one token table (share_embeddings, one vocabulary).
-    architecture: Literal["encoder_decoder", "encoder_only", "decoder_only"] = "encoder_decoder"
-    src_vocab_size: int = 8000
-    tgt_vocab_size: int = 8000
-    d_model: int = 512
-    num_heads: int = 8
-    d_ff: int = 2048
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout: float = 0.1
-    max_len: int = 512
-    pad_id: int = 0
-    bos_id: int = 2  # first decoder input token (Marian starts with its pad id)
-    eos_id: int = 3
-    # Variants used by real checkpoints (README: "The model and its variants").
-    pre_norm: bool = False  # paper: post-LN, x = LN(x + sublayer(x))
-    final_norm: bool = False  # a LayerNorm after each stack (torch.nn.Transformer)
-    activation: Literal["relu", "gelu", "silu"] = "relu"
-    layer_norm_eps: float = 1e-5
-    scale_embeddings: bool = True  # multiply embeddings by sqrt(d_model)
-    # Positions: fixed sinusoids (laid out by position_layout), a learned table
-    # (position_embed, max_len + position_offset rows), or none at all.
-    position_encoding: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
-    position_layout: Literal["interleaved", "half_split", "fairseq"] = "interleaved"
-    position_offset: int = 0  # position p reads row p + offset (fairseq: pad_id + 1)
-    share_embeddings: bool = True  # one table for source and target tokens
-    tie_output: bool = True  # pre-softmax projection = target embedding^T
-    output_bias: bool = False  # bias on the pre-softmax projection
+    """The model: its size, its variant, its vocabulary. Each field's help text is its
+    documentation here and in `train.py --help`, where the model flags are these fields."""
+    architecture: Literal["encoder_decoder", "encoder_only", "decoder_only"] = _field(
+        "encoder_decoder", "encoder_decoder: the paper's translator; encoder_only: one "
+        "bidirectional stack (num_encoder_layers) giving hidden states and logits; "
+        "decoder_only: one causal stack without cross-attention (num_decoder_layers), a "
+        "language model. The single-stack models have one token table (share_embeddings)")
+    src_vocab_size: int = _field(8000, "source token ids")
+    tgt_vocab_size: int = _field(8000, "target token ids")
+    d_model: int = _field(512, "model width: embeddings and every sublayer output")
+    num_heads: int = _field(8, "attention heads; must divide d_model")
+    d_ff: int = _field(2048, "inner width of the position-wise feed-forward layers")
+    num_encoder_layers: int = _field(6, "encoder layers")
+    num_decoder_layers: int = _field(6, "decoder layers (a language model's layers)")
+    dropout: float = _field(0.1, "dropout on embeddings, attention probabilities, the FFN and "
+                                 "each sublayer output")
+    max_len: int = _field(512, "longest sequence in tokens")
+    pad_id: int = _field(0, "padding token id")
+    bos_id: int = _field(2, "first decoder input token (Marian starts with its pad id)")
+    eos_id: int = _field(3, "end-of-sequence token id")
+    # Variants used by real checkpoints (docs: "The model and its variants").
+    pre_norm: bool = _field(False, "pre-LayerNorm, x + sublayer(LN(x)), instead of the "
+                                   "paper's post-LN, LN(x + sublayer(x))")
+    final_norm: bool = _field(False, "a LayerNorm after each stack (torch.nn.Transformer)")
+    activation: Literal["relu", "gelu", "silu"] = _field(
+        "relu", "the feed-forward layers' activation; opus-mt uses silu")
+    layer_norm_eps: float = _field(1e-5, "LayerNorm epsilon (torch's default)")
+    scale_embeddings: bool = _field(True, "multiply embeddings by sqrt(d_model)")
+    position_encoding: Literal["sinusoidal", "learned", "none"] = _field(
+        "sinusoidal", "positions: fixed sinusoids (laid out by position_layout), a learned "
+                      "table (max_len + position_offset rows), or none at all")
+    position_layout: Literal["interleaved", "half_split", "fairseq"] = _field(
+        "interleaved", "sinusoid columns: interleaved sin/cos (the paper), half_split, all "
+                       "sines then all cosines (Marian), or fairseq's")
+    position_offset: int = _field(0, "position p reads row p + offset (fairseq: pad_id + 1)")
+    share_embeddings: bool = _field(True, "one table for source and target tokens")
+    tie_output: bool = _field(True, "pre-softmax projection = target embedding^T")
+    output_bias: bool = _field(False, "a bias on the pre-softmax projection")
 
     def __post_init__(self):
         for name, annotation in _field_types().items():

@@ -2,8 +2,9 @@
 
 Each concern has its own subclass (ConfigError, CheckpointError, TokenizerError,
 CorpusError, PortError, TranslateError, TrainError); library code raises them
-and never exits. The command-line wrapper (jax_transformer.cli) prints any
-InputError as `error: ...` on stderr and exits with code 2.
+and never exits. The command-line wrapper (jax_transformer.commands.exit_codes)
+prints any InputError as `error: ...` on stderr and exits with code 2, a
+RunFailed with code 1.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from typing import Iterable
 
 class InputError(ValueError):
     """Bad input (a flag, a file, a config value); the message says which and why."""
+
+
+class RunFailed(RuntimeError):
+    """A run that started well could not finish (exit code 1); the message says why."""
 
 
 def listing(items: Iterable[str], limit: int = 10) -> str:

@@ -1,4 +1,5 @@
-"""SentencePiece tokenizer with the project's special ids.
+"""The tokenizer interface of a checkpoint, and our SentencePiece tokenizer with the
+project's special ids.
 
 One shared vocabulary for source and target (the paper's setting); the model
 file is saved as `tokenizer.model` in the checkpoint directory. Needs neither
@@ -15,7 +16,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import sentencepiece as spm
 
@@ -28,7 +29,43 @@ class TokenizerError(InputError):
     """A tokenizer model is missing, unreadable or does not fit the model."""
 
 
+class CheckpointTokenizer(Protocol):
+    """What translating and checking a checkpoint need of its tokenizer, whichever it is:
+    ours (Tokenizer) or a converted model's (marian_tokenizer.MarianTokenizer);
+    checkpoint_dir.load_tokenizer picks it."""
+
+    def encode_source(self, text: str) -> list[int]:
+        """Model-ready source ids, ending in eos."""
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side ids without bos or eos (teacher forcing adds them)."""
+
+    def encode_source(self, text: str) -> list[int]:
+        return self.encode(text) + [EOS_ID]
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    normalizes = False  # train.py's corpora are tokenized as they are
+
+    def normalize(self, text: str) -> str:
+        return text
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids -> text, up to the first eos."""
+
+    normalizes: bool  # whether `normalize` has a step to apply
+
+    def normalize(self, text: str) -> str:
+        """The text as the model's training data was pre-processed before tokenizing."""
+
+    def check_fits(self, config) -> None:
+        """Raise TokenizerError unless these ids fit the model config."""
+
+
 class Tokenizer:
+    """Our SentencePiece tokenizer (CheckpointTokenizer), shared by source and target."""
+
     def __init__(self, model_path: str | os.PathLike):
         path = Path(model_path)
         if not path.is_file():
@@ -66,6 +103,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> piece ids, without special tokens."""
         return self.sp.EncodeAsIds(text)
+
+    def encode_source(self, text: str) -> list[int]:
+        return self.encode(text) + [EOS_ID]
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    normalizes = False  # train.py's corpora are tokenized as they are
+
+    def normalize(self, text: str) -> str:
+        return text
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> text; stops at the first eos and drops pad/bos."""

@@ -30,20 +30,13 @@ another seed. The first k pairs of a corpus do not depend on its size.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import math
-import sys
-import time
-from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from jax_transformer import cli
 from jax_transformer.data.corpora import CorpusError, Pair
-from transformer_core.checkpoint_dir import write_atomically
 
 VOCABULARY_SIZE = 20_000  # words per language
 ZIPF_OFFSET = 2.7  # p(rank) ~ 1 / (rank + offset), Zipf-Mandelbrot: the top word ~4%
@@ -149,35 +142,3 @@ def natural_length_corpus(num_pairs: int, seed: int = 0) -> list[Pair]:
     target = lang.target_phrases[words[order]].tolist()
     return [(" ".join(source[a:b]) + ".", " ".join(target[a:b]) + ".")
             for a, b in zip(starts.tolist(), ends.tolist())]
-
-
-def write_corpus(argv: Sequence[str] | None) -> None:
-    """Write DIR/train.src and DIR/train.tgt, one sentence a line; print their lengths."""
-    parser = argparse.ArgumentParser(
-        prog="python -m jax_transformer.data.natural",
-        description="Write a synthetic parallel corpus with natural sentence lengths.")
-    parser.add_argument("--pairs", type=int, required=True, help="number of sentence pairs")
-    parser.add_argument("--seed", type=int, default=0, help="picks the sentences (default 0)")
-    parser.add_argument("--out-dir", type=Path, required=True,
-                        help="where to write train.src and train.tgt (created if missing)")
-    args = parser.parse_args(argv)
-    began = time.perf_counter()
-    pairs = natural_length_corpus(args.pairs, args.seed)
-    print(f"{len(pairs)} pairs in {time.perf_counter() - began:.2f} s")
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for side, suffix in enumerate(("src", "tgt")):
-        path = args.out_dir / f"train.{suffix}"
-        text = "".join(pair[side] + "\n" for pair in pairs)
-        write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8", newline="\n"))
-        words = np.array([len(pair[side].split()) for pair in pairs])
-        print(f"{path}: words per sentence median {np.median(words):g}, "
-              f"p90 {np.percentile(words, 90):g}, max {words.max()}")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; returns the exit code (jax_transformer.cli)."""
-    return cli.run(write_corpus, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

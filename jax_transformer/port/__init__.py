@@ -4,12 +4,13 @@ into Hugging Face Marian.
     reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
     marian.py            Hugging Face Marian / opus-mt
     fairseq.py           Hugging Face FSMT (fairseq WMT19) and M2M100 (also NLLB dense)
-    marian_tokenizer.py  Marian's source.spm / target.spm + vocab.json
     torch_nn.py          models wrapping torch.nn.Transformer
     torch_nn_encoder.py  models built on torch.nn.TransformerEncoder (language models)
     ours.py              torch_reference state dicts and train.py's orbax checkpoints
     hf_export.py         ours -> a directory transformers' MarianMTModel / MarianTokenizer load
-    cli.py               python -m jax_transformer.port (--from SOURCE | --to hf-marian)
+
+The command over them is jaxformer-port (jax_transformer/commands/port.py); Marian's
+tokenizer lives in transformer_core.marian_tokenizer.
 
 Every converter builds a TransformerConfig and a dict of torch-named numpy
 tensors and writes them with `checkpoint_dir.save_dir`, which checks every key
@@ -19,13 +20,11 @@ table; a model Marian cannot compute (pre-LN, final norms, interleaved
 sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field.
 """
 
-from jax_transformer.port.cli import SOURCES, main
 from jax_transformer.port.fairseq import (convert_hf_fsmt, convert_hf_m2m100, fsmt_config,
                                           fsmt_tensors, m2m100_config, m2m100_tensors)
 from jax_transformer.port.hf_export import (TARGETS, export_hf_marian, hf_marian_config,
                                             hf_marian_tensors)
 from jax_transformer.port.marian import convert_hf_marian, marian_config, marian_tensors
-from jax_transformer.port.marian_tokenizer import MarianTokenizer
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
 from jax_transformer.port.reading import PortError, read_weights
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
@@ -35,11 +34,11 @@ from jax_transformer.port.torch_nn_encoder import (TORCH_NN_ENCODER_DEFAULTS,
                                                    detect_scale_embeddings, encoder_spec,
                                                    torch_nn_encoder_tensors)
 
-__all__ = ["MarianTokenizer", "PortError", "SOURCES", "TARGETS", "TORCH_NN_DEFAULTS",
+__all__ = ["PortError", "TARGETS", "TORCH_NN_DEFAULTS",
            "TORCH_NN_ENCODER_DEFAULTS", "convert_hf_fsmt", "convert_hf_m2m100",
            "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_encoder",
            "convert_torch_nn_transformer", "convert_torch_reference", "detect_scale_embeddings", "encoder_spec",
            "export_hf_marian",
            "fsmt_config", "fsmt_tensors", "hf_marian_config", "hf_marian_tensors",
-           "m2m100_config", "m2m100_tensors", "main", "marian_config", "marian_tensors",
+           "m2m100_config", "m2m100_tensors", "marian_config", "marian_tensors",
            "read_weights", "torch_nn_encoder_tensors", "torch_nn_transformer_tensors"]

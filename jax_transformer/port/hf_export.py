@@ -27,7 +27,7 @@ import safetensors.numpy
 
 from jax_transformer.port.marian import (MARIAN_ACTIVATIONS, MARIAN_FIXED_FLAGS,
                                          MARIAN_TOKENIZER_FILES, marian_layer_modules)
-from jax_transformer.port.marian_tokenizer import MarianTokenizer
+from transformer_core.marian_tokenizer import MarianTokenizer
 from jax_transformer.port.reading import PortError
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig

@@ -4,7 +4,7 @@ Marian (MarianMTModel) is the paper's post-LN model with silu ("swish"),
 half-split sinusoids, sqrt(d_model) embedding scaling, shared embeddings, a
 tied output projection and a `final_logits_bias`. Its tokenizer files
 (source.spm / target.spm, vocab.json) are copied next to our checkpoint and
-read by `marian_tokenizer.MarianTokenizer`.
+read by `transformer_core.marian_tokenizer.MarianTokenizer`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jax_transformer.port.marian_tokenizer import MarianTokenizer
+from transformer_core.marian_tokenizer import MarianTokenizer
 from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
                                           read_json_object)
 from transformer_core import checkpoint_dir

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import sacrebleu
 
-from jax_transformer.data.batching import PackedBatches
+from jax_transformer.data.packing import PackedBatches
 
 
 def heldout_loss(trainer, state, batches: PackedBatches) -> dict:

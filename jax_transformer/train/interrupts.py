@@ -4,7 +4,7 @@ Inside `deferred_stops()` the first signal only records a request; the training
 loop looks at it between steps, so the checkpoint it then saves holds a model
 and a data position that belong together, and metrics.jsonl has every line up
 to that step. A time budget (--time-budget) stops the run the same way once its
-deadline has passed. A second signal exits at once (`cli.exit_at_once`): the step is
+deadline has passed. A second signal exits at once (`signals.exit_at_once`): the step is
 abandoned, the newest checkpoint on disk is the last one saved (orbax renames
 a checkpoint into place only when it is complete), and a resume drops the
 metrics past it. On several hosts, all processes stop after the same step.
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jax_transformer import cli
+from jax_transformer import signals
 
 
 class StopRequests:
@@ -32,7 +32,7 @@ class StopRequests:
         self.signum: int | None = None  # the first signal received
         self.deadline = deadline
         self.out_of_time = False  # set by agreed(): some process passed the deadline
-        self.exit_at_once = cli.exit_at_once(
+        self.exit_at_once = signals.exit_at_once(
             "received again: stopped at once, without saving this step; run the same command "
             "to resume from the newest checkpoint")
 
@@ -40,8 +40,9 @@ class StopRequests:
         if self.signum is not None:
             self.exit_at_once(signum, frame)
         self.signum = signum
-        cli.write_from_handler(f"{signal.Signals(signum).name}: stopping after this step, once "
-                               "it is saved (send it again to stop at once without saving)")
+        signals.write_from_handler(f"{signal.Signals(signum).name}: stopping after this step, "
+                                   "once it is saved (send it again to stop at once without "
+                                   "saving)")
 
     def agreed(self) -> bool:
         """Whether to stop now: any process received a signal or passed the deadline (a
@@ -57,5 +58,5 @@ class StopRequests:
 @contextlib.contextmanager
 def deferred_stops(deadline: float | None = None) -> Iterator[StopRequests]:
     requests = StopRequests(deadline)
-    with cli.signal_handlers(requests.handle):
+    with signals.signal_handlers(requests.handle):
         yield requests

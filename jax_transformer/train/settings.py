@@ -1,33 +1,50 @@
-"""The settings of a training run, as typed, frozen configs.
+"""The settings of a training run: typed, frozen dataclasses, and the one vocabulary of
+train.py's flags.
 
-train.py parses its flags into these three at the boundary; the run reads only
-them. Field names are the flags' (`--d-model` -> `d_model`), and run_args.json
-records them flat under those names, so a resumed run can be checked flag by flag.
+A flag is the field it sets (`--d-model` -> `d_model`) and its help text is the
+field's metadata: jax_transformer.commands.train generates the command line from
+these dataclasses. The model's settings are TransformerConfig's own fields
+(ModelSettings is made from them), less those the data decide (vocabulary,
+special ids, max_len, architecture) and final_norm, which follows pre_norm.
+So adding a hyperparameter touches one dataclass. run_args.json records the
+settings flat under these names, so a resumed run can be checked flag by flag;
+files written before a setting existed or was renamed still resume
+(`upgrade_recorded`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from transformer_core.config import TransformerConfig
+from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
-ACTIVATIONS = ("relu", "gelu", "silu")
-POSITION_LAYOUTS = ("interleaved", "half_split")
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
-# Flags whose default differs by task (train.py applies them before parsing the rest):
-# the built-in counting text is learnt in fewer steps than the number translations.
+# Defaults that differ by task: the built-in counting text is learnt in fewer steps
+# than the number translations.
 TASK_DEFAULTS = {"lm": {"steps": 400}}
-# Settings added after run_args.json files were first written: a file without one
-# was written by a run that used this value, so it resumes.
-ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
-                  "text_path": None}
+# Named model sizes (--preset), as fairseq's --arch and Flax WMT's configs name them;
+# flags given beside a preset override it.
+PRESETS = {
+    "tiny": dict(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=3,
+                 num_decoder_layers=3, dropout=0.1),  # the built-in corpus, on a CPU
+    "base": dict(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
+                 num_decoder_layers=6, dropout=0.1),  # the paper's base (table 3)
+    "big": dict(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
+                num_decoder_layers=6, dropout=0.3),  # the paper's big
+}
+DEFAULT_PRESET = "tiny"
+# TransformerConfig fields the run sets itself: from the tokenizer, --max-len and --task.
+DERIVED_MODEL_FIELDS = ("architecture", "src_vocab_size", "tgt_vocab_size", "max_len",
+                        "pad_id", "bos_id", "eos_id", "final_norm")
 
 
 class TrainError(InputError):
@@ -39,36 +56,67 @@ def require(condition: bool, message: str) -> None:
         raise TrainError(message)
 
 
+def setting(default: Any = None, help: str = "", *, factory=None, aliases=(),
+            **argparse_options):
+    """A settings field: its default, its --help text, the flag's other spellings and any
+    argparse options (choices, metavar) for the flag generated from it (the metadata
+    keys simple_parsing reads). A boolean flag also has a --no- form."""
+    custom_args = dict(argparse_options)
+    if isinstance(default, bool):
+        custom_args["negative_prefix"] = "--no-"
+    metadata = {"help": help, "alias": list(aliases), "custom_args": custom_args}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """The task, its corpus, the tokenizer and the batches. No paths: the built-in
-    number corpus (translate) or counting text (lm)."""
-    task: str = "translate"  # or "lm": a decoder-only language model on lines of text
-    text_path: str | None = None  # lm: one example per line
-    src_lang: str = "en"
-    tgt_lang: str = "de"
-    num_train: int = 50_000
-    max_number: int = 1_000_000
-    src_path: str | None = None
-    tgt_path: str | None = None
-    columns_path: str | None = None
-    src_column: str = "source"
-    tgt_column: str = "target"
-    dev_src_path: str | None = None
-    dev_tgt_path: str | None = None
-    test_src_path: str | None = None
-    test_tgt_path: str | None = None
-    num_dev: int = 1000
-    num_test: int = 1000
-    tokenizer_type: str = "unigram"
-    vocab_size: int = 8000
-    max_len: int = 256
-    max_tokens: int = 4096  # per micro-batch, padding included
+    """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
+    number-words corpus; with --task lm, the built-in counting text)."""
+    task: str = setting("translate", "translate: an encoder-decoder on sentence pairs; lm: a "
+                        "decoder-only language model on lines of text, which also prints "
+                        "sampled continuations", choices=tuple(TASK_ARCHITECTURES))
+    text_path: str | None = setting(None, "--task lm: a UTF-8 text file, one example "
+                                    "(sentence, paragraph) per line; --num-dev and --num-test "
+                                    "lines are held out")
+    src_lang: str = setting("en", "number corpus source language, a num2words code; with "
+                            "--task lm, the counting text's language")
+    tgt_lang: str = setting("de", "number corpus target language")
+    num_train: int = setting(50_000, "number corpus training pairs, or counting text lines")
+    max_number: int = setting(1_000_000, "number corpus draws numbers below this; counting "
+                              "lines start below it")
+    src_path: str | None = setting(None, "parallel text: source file, one sentence per line")
+    tgt_path: str | None = setting(None, "parallel text: target file, line-aligned with "
+                                   "--src-path")
+    columns_path: str | None = setting(None, "a TSV (.tsv) or CSV file with a header row")
+    src_column: str = setting("source", "source column of --columns-path")
+    tgt_column: str = setting("target", "target column of --columns-path")
+    dev_src_path: str | None = setting(None, "parallel text: dev set source (default: hold out "
+                                       "--num-dev training pairs)")
+    dev_tgt_path: str | None = setting(None, "parallel text: dev set target")
+    test_src_path: str | None = setting(None, "parallel text: test set source (default: hold "
+                                        "out --num-test training pairs)")
+    test_tgt_path: str | None = setting(None, "parallel text: test set target")
+    num_dev: int = setting(1000, "held-out pairs (or lines) for the dev set")
+    num_test: int = setting(1000, "held-out pairs (or lines) for the test set")
+    tokenizer_type: str = setting("unigram", "SentencePiece model type; the paper used "
+                                  "byte-pair encoding", choices=("unigram", "bpe"))
+    vocab_size: int = setting(8000, "shared SentencePiece vocabulary size; smaller if the text "
+                              "has fewer pieces")
+    max_len: int = setting(256, "longest sentence in tokens; longer pairs (or lines) are "
+                           "skipped and counted")
+    max_tokens: int = setting(4096, "token budget per micro-batch (--accumulate of them make "
+                              "one update), padding included, like fairseq's --max-tokens")
 
     def __post_init__(self):
         require(self.task in TASK_ARCHITECTURES, f"--task must be one of "
                 f"{', '.join(TASK_ARCHITECTURES)}, got {self.task!r}")
-        pair_flags = [f"--{name.replace('_', '-')}" for name in
+        pair_flags = [flag(name) for name in
                       ("src_path", "tgt_path", "columns_path", "dev_src_path", "dev_tgt_path",
                        "test_src_path", "test_tgt_path") if getattr(self, name)]
         if self.task == "lm":
@@ -79,11 +127,10 @@ class DataSettings:
                                         "--src-path/--tgt-path or --columns-path")
         for split in ("", "dev_", "test_"):
             src, tgt = getattr(self, f"{split}src_path"), getattr(self, f"{split}tgt_path")
-            if bool(src) != bool(tgt):
-                raise TrainError(f"--{split.replace('_', '-')}src-path and "
-                                 f"--{split.replace('_', '-')}tgt-path go together")
-        for name in ("num_train", "num_dev", "num_test", "max_number"):
-            require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1, "
+            require(bool(src) == bool(tgt), f"{flag(split + 'src_path')} and "
+                                            f"{flag(split + 'tgt_path')} go together")
+        for name in ("num_train", "num_dev", "num_test", "max_number", "max_tokens"):
+            require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.vocab_size > len(SPECIAL_IDS), f"--vocab-size must be more than the "
                 f"{len(SPECIAL_IDS)} special pieces (pad, unk, bos, eos), got {self.vocab_size}")
@@ -101,41 +148,46 @@ class DataSettings:
         return TASK_ARCHITECTURES[self.task]
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """The model's size and variant; the vocabulary comes from the tokenizer."""
-    d_model: int = 128
-    heads: int = 4
-    d_ff: int = 512
-    layers: int = 3
-    dropout: float = 0.1
-    pre_norm: bool = False  # pre-LN with final norms instead of the paper's post-LN
-    activation: str = "relu"  # the FFN's; silu is opus-mt's ("swish")
-    position_layout: str = "interleaved"  # half_split: Marian's, for `port --to hf-marian`
+def _check_model(self) -> None:
+    """A ModelSettings is valid when the TransformerConfig it makes is: ConfigError's
+    message, with the fields named as the flags that set them."""
+    try:
+        self.config(vocab_size=max(SPECIAL_IDS) + 1, max_len=MIN_MAX_LEN)
+    except ConfigError as e:
+        names = "|".join(f.name for f in dataclasses.fields(self))
+        raise TrainError(re.sub(rf"\b({names})\b", lambda m: flag(m.group(1)), str(e))) from None
 
-    def __post_init__(self):
-        for name in ("d_model", "heads", "d_ff", "layers"):
-            require(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be at least 1, "
-                                              f"got {getattr(self, name)}")
-        require(self.d_model % self.heads == 0, f"--d-model {self.d_model} must be divisible "
-                                                f"by --heads {self.heads}")
-        require(0 <= self.dropout < 1, f"--dropout must be in [0, 1), got {self.dropout}")
-        for name, choices in (("activation", ACTIVATIONS), ("position_layout", POSITION_LAYOUTS)):
-            require(getattr(self, name) in choices, f"--{name.replace('_', '-')} must be one of "
-                    f"{', '.join(choices)}, got {getattr(self, name)!r}")
 
-    def config(self, vocab_size: int, max_len: int,
-               architecture: str = "encoder_decoder") -> TransformerConfig:
-        """The model config; --layers gives each stack its layers (a single-stack
-        config keeps num_encoder_layers = num_decoder_layers, unused by one of them)."""
-        return TransformerConfig(
-            architecture=architecture, src_vocab_size=vocab_size, tgt_vocab_size=vocab_size,
-            d_model=self.d_model, num_heads=self.heads, d_ff=self.d_ff,
-            num_encoder_layers=self.layers, num_decoder_layers=self.layers,
-            dropout=self.dropout, max_len=max_len,
-            pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, pre_norm=self.pre_norm,
-            final_norm=self.pre_norm, activation=self.activation,
-            position_layout=self.position_layout)
+def _model_config(self, vocab_size: int, max_len: int,
+                  architecture: str = "encoder_decoder") -> TransformerConfig:
+    """The model config: these settings, the tokenizer's vocabulary and special ids,
+    --max-len, the task's architecture; final norms with pre-LN (as torch.nn's)."""
+    return TransformerConfig(
+        **dataclasses.asdict(self), architecture=architecture, src_vocab_size=vocab_size,
+        tgt_vocab_size=vocab_size, max_len=max_len, pad_id=PAD_ID, bos_id=BOS_ID,
+        eos_id=EOS_ID, final_norm=self.pre_norm)
+
+
+# The model flags' spellings before they became TransformerConfig's field names
+# (--layers, which set both stacks, is commands.train's).
+OLD_MODEL_FLAGS = {"num_heads": ("--heads",)}
+
+
+def _model_setting(field: dataclasses.Field) -> tuple[str, Any, dataclasses.Field]:
+    default = PRESETS[DEFAULT_PRESET].get(field.name, field.default)
+    return field.name, field.type, setting(default, field.metadata["help"],
+                                           aliases=OLD_MODEL_FLAGS.get(field.name, ()))
+
+
+# The model flags: TransformerConfig's fields less the derived ones, defaults from the
+# tiny preset (the command line sets the chosen preset's as its defaults).
+ModelSettings = dataclasses.make_dataclass(
+    "ModelSettings",
+    [_model_setting(f) for f in dataclasses.fields(TransformerConfig)
+     if f.name not in DERIVED_MODEL_FIELDS],
+    frozen=True,
+    namespace={"__module__": __name__, "__doc__": "Model (TransformerConfig's fields; --preset picks their defaults).",
+               "__post_init__": _check_model, "config": _model_config})
 
 
 def default_compile_cache() -> str:
@@ -149,29 +201,47 @@ def default_compile_cache() -> str:
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
     """Optimisation, checkpoints, evaluation and output."""
-    workdir: str = "runs/numbers"
-    steps: int = 1200
-    warmup: int = 400
-    lr_scale: float = 1.0
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0
-    accumulate: int = 1
-    dtype: str = "float32"
-    seed: int = 0  # the corpus split, data order, initialisation and dropout
-    checkpoint_every: int = 200
-    keep: int = 3
-    eval_every: int = 200
-    beam: int = 1
-    decode_batch_size: int = 250
-    samples: int = 5
-    temperature: float = 0.8  # lm: the printed samples' sampling temperature
-    distributed: bool = False
-    quiet: bool = False
-    tensorboard: bool = True  # event files in WORKDIR/tensorboard/
-    compile_cache: str | None = dataclasses.field(default_factory=default_compile_cache)
-    time_budget: float | None = None  # seconds from the run's start; None = no limit
+    workdir: str = setting("runs/numbers", "where checkpoints, metrics.jsonl, eval.json, "
+                           "figures and the exported model go; an existing run there is resumed")
+    steps: int = setting(1200, f"optimizer updates in total "
+                               f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)")
+    time_budget: float | None = setting(
+        None, "stop training after the step in which this many seconds since the start have "
+              "passed (corpus, tokenizer and compiling count), save that step, then export and "
+              "evaluate as usual; a resumed run gets a fresh budget (default: no limit)",
+        metavar="SECONDS")
+    warmup: int = setting(400, "warm-up steps of the paper's schedule")
+    lr_scale: float = setting(1.0, "multiplies the schedule d_model^-0.5 * min(step^-0.5, "
+                                   "step * warmup^-1.5)")
+    label_smoothing: float = setting(0.1, "mass spread over the vocabulary; padding is ignored")
+    clip_norm: float = setting(0.0, "clip gradients to this global norm; 0 = off")
+    accumulate: int = setting(1, "micro-batches per update, gradients summed exactly")
+    dtype: str = setting("float32", "compute dtype; parameters and optimizer state stay "
+                                    "float32", choices=("float32", "bfloat16"))
+    seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout")
+    checkpoint_every: int = setting(200, "steps between orbax checkpoints")
+    keep: int = setting(3, "checkpoints kept")
+    eval_every: int = setting(200, "steps between held-out loss evaluations")
+    beam: int = setting(1, "beam size for the final test translation; 1 = greedy")
+    decode_batch_size: int = setting(250, "sentences per batch when translating the test set")
+    samples: int = setting(5, "sample translations (or continuations) printed at the end")
+    temperature: float = setting(0.8, "--task lm: sampling temperature of the printed "
+                                      "continuations; 0 = greedy")
+    distributed: bool = setting(False, "several hosts: call jax.distributed.initialize() "
+                                       "(coordinator from the environment)")
+    quiet: bool = setting(False, "no progress bar")
+    tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
+                                      "for `tensorboard --logdir WORKDIR`")
+    compile_cache: str | None = setting(
+        help="JAX's persistent compilation cache: a repeated or resumed run loads its "
+             "compiled programs from here (--no-compile-cache: none)",
+        factory=default_compile_cache, metavar="DIR")
 
     def __post_init__(self):
+        for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
+                     "beam", "decode_batch_size"):
+            require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
+                                              f"got {getattr(self, name)}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
         require(self.time_budget is None or self.time_budget > 0,
                 f"--time-budget must be positive (seconds), got {self.time_budget}")
@@ -190,17 +260,48 @@ RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_eve
                                "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "quiet", "tensorboard", "compile_cache",
                                "time_budget"})
+# Settings added after run_args.json files were first written: a file without one was
+# written by a run that used this value, so it resumes.
+ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
+                  "text_path": None, "layer_norm_eps": 1e-5, "scale_embeddings": True,
+                  "position_encoding": "sinusoidal", "position_offset": 0,
+                  "share_embeddings": True, "tie_output": True, "output_bias": False}
 
 
-def recorded(data: DataSettings, model: ModelSettings, train: TrainSettings) -> dict:
-    """What run_args.json holds: every setting a resumed run must repeat."""
-    values = {**dataclasses.asdict(data), **dataclasses.asdict(model),
-              **dataclasses.asdict(train)}
-    return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
+def _name_metavars(*settings_classes) -> None:
+    """Each flag's value is shown by its field's name (--steps STEPS), as argparse
+    shows its own flags; booleans and choices show what they take."""
+    for cls in settings_classes:
+        for field in dataclasses.fields(cls):
+            custom_args = field.metadata["custom_args"]
+            if "choices" not in custom_args and "Literal" not in str(field.type) and \
+                    str(field.type) != "bool":
+                custom_args.setdefault("metavar", field.name.upper())
 
 
-def from_flags(values: dict) -> tuple[DataSettings, ModelSettings, TrainSettings]:
-    """Split parsed flags (argparse's vars(args)) into the three settings."""
-    def pick(cls):
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
-    return pick(DataSettings), pick(ModelSettings), pick(TrainSettings)
+_name_metavars(DataSettings, ModelSettings, TrainSettings)
+
+
+class RunSettings(NamedTuple):
+    """Everything a training run is told: data, model, training."""
+    data: DataSettings
+    model: ModelSettings
+    train: TrainSettings
+
+    def recorded(self) -> dict:
+        """What run_args.json holds: every setting a resumed run must repeat."""
+        values = {**dataclasses.asdict(self.data), **dataclasses.asdict(self.model),
+                  **dataclasses.asdict(self.train)}
+        return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
+
+
+def upgrade_recorded(saved: dict) -> dict:
+    """A run_args.json in today's names: --heads and --layers were the model flags
+    before they became TransformerConfig's fields, and settings added since take the
+    values those runs used."""
+    saved = dict(saved)
+    if "heads" in saved:
+        saved["num_heads"] = saved.pop("heads")
+    if "layers" in saved:
+        saved["num_encoder_layers"] = saved["num_decoder_layers"] = saved.pop("layers")
+    return {**ADDED_SETTINGS, **saved}

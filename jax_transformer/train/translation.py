@@ -1,8 +1,6 @@
 """train.py's translation task: sentence pairs, the encoder-decoder, the test set translated.
 
-Each task module (this one, language_model.py) gives loop.py the same four functions:
-load_splits, encode, evaluate_test and attention_figure; settings.TASK_ARCHITECTURES
-names each task's architecture.
+It implements train.task.Task.
 """
 
 from __future__ import annotations
@@ -13,74 +11,77 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from jax_transformer import translate
+from jax_transformer import translator
 from jax_transformer.data import corpora
-from jax_transformer.data.batching import encode_pairs
+from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
 from transformer_core.tokenizer import Tokenizer
 
 
-def load_splits(data: DataSettings, seed: int,
-                log: Callable[[str], None]) -> dict[str, list[corpora.Pair]]:
-    """{"train", "dev", "test"} sentence pairs: the built-in number corpus, or the
-    user's files with dev/test held out unless given."""
-    if data.builtin:
-        splits = corpora.number_corpus(data.src_lang, data.tgt_lang, num_train=data.num_train,
-                                       num_dev=data.num_dev, num_test=data.num_test,
-                                       max_number=data.max_number, seed=seed)
-        log(f"corpus: {data.src_lang}->{data.tgt_lang} number words, "
-            + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
-        return splits
-    if data.columns_path:
-        pairs, report = corpora.read_columns(data.columns_path, data.src_column, data.tgt_column)
-    else:
-        pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
-    log(f"corpus: {report}")
-    given = {}
-    for split in ("dev", "test"):
-        src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
-        if src:
-            given[split], report = corpora.read_parallel_text(src, tgt)
-            log(f"{split}: {report}")
-    held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
-                                     0 if "test" in given else data.num_test, seed=seed)
-    return {**held_out, **given}
+class TranslationTask:
+    """--task translate (train.task.Task): sentence pairs, the encoder-decoder."""
+
+    def load_splits(self, data: DataSettings, seed: int,
+                    log: Callable[[str], None]) -> dict[str, list[corpora.Pair]]:
+        """{"train", "dev", "test"} sentence pairs: the built-in number corpus, or the
+        user's files with dev/test held out unless given."""
+        if data.builtin:
+            splits = corpora.number_corpus(data.src_lang, data.tgt_lang, num_train=data.num_train,
+                                           num_dev=data.num_dev, num_test=data.num_test,
+                                           max_number=data.max_number, seed=seed)
+            log(f"corpus: {data.src_lang}->{data.tgt_lang} number words, "
+                + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+            return splits
+        if data.columns_path:
+            pairs, report = corpora.read_columns(data.columns_path, data.src_column, data.tgt_column)
+        else:
+            pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
+        log(f"corpus: {report}")
+        given = {}
+        for split in ("dev", "test"):
+            src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
+            if src:
+                given[split], report = corpora.read_parallel_text(src, tgt)
+                log(f"{split}: {report}")
+        held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
+                                         0 if "test" in given else data.num_test, seed=seed)
+        return {**held_out, **given}
 
 
-def encode(tokenizer: Tokenizer, pairs, max_len: int):
-    """(src_ids, tgt_ids, report): batching.encode_pairs."""
-    return encode_pairs(tokenizer, pairs, max_len=max_len)
+    def encode(self, tokenizer: Tokenizer, pairs, max_len: int):
+        """(src_ids, tgt_ids, report): encoding.encode_pairs."""
+        return encode_pairs(tokenizer, pairs, max_len=max_len)
 
 
-def evaluate_test(model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,
-                  log: Callable[[str], None]) -> dict:
-    """Translate the test sources: {"decoding", "test": exact match, BLEU and chrF,
-    "samples": the first few translations}."""
-    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    hypotheses = translate.translate_lines(sources, model, tokenizer, beam=settings.beam,
-                                           batch_size=settings.decode_batch_size)
-    samples = [{"source": s, "reference": r, "translation": h}
-               for s, r, h in zip(sources[: settings.samples], references, hypotheses)]
-    for sample in samples:
-        mark = "ok " if sample["translation"] == sample["reference"] else "   "
-        log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
-            f" (reference {sample['reference']!r})")
-    return {"decoding": f"beam {settings.beam}" if settings.beam > 1 else "greedy",
-            "test": evaluation.translation_metrics(hypotheses, references), "samples": samples}
+    def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,
+                      log: Callable[[str], None]) -> dict:
+        """Translate the test sources: {"decoding", "test": exact match, BLEU and chrF,
+        "samples": the first few translations}."""
+        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+        hypotheses = translator.translate_lines(sources, model, tokenizer, beam=settings.beam,
+                                               batch_size=settings.decode_batch_size)
+        samples = [{"source": s, "reference": r, "translation": h}
+                   for s, r, h in zip(sources[: settings.samples], references, hypotheses)]
+        for sample in samples:
+            mark = "ok " if sample["translation"] == sample["reference"] else "   "
+            log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
+                f" (reference {sample['reference']!r})")
+        return {"decoding": f"beam {settings.beam}" if settings.beam > 1 else "greedy",
+                "test": evaluation.translation_metrics(hypotheses, references), "samples": samples}
 
 
-def attention_figure(model: Transformer, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
-    """The last decoder layer's cross-attention while it reads a sample's translation."""
-    config = model.config  # either text may take more than max_len tokens
-    src_ids = np.array([(tokenizer.encode(sample["source"]) + [config.eos_id])[:config.max_len]],
-                       np.int32)
-    tgt_ids = np.array([([config.bos_id] + tokenizer.encode(sample["translation"]))
-                        [:config.max_len]], np.int32)
-    _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
-    piece = tokenizer.sp.IdToPiece
-    plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
-                            [piece(int(i)) for i in src_ids[0]],
-                            [piece(int(i)) for i in tgt_ids[0]], path,
-                            f"last decoder layer's cross-attention: {sample['source']!r}")
+    def attention_figure(self, model: Transformer, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
+        """The last decoder layer's cross-attention while it reads a sample's translation."""
+        config = model.config  # either text may take more than max_len tokens
+        src_ids = np.array([(tokenizer.encode(sample["source"]) + [config.eos_id])[:config.max_len]],
+                           np.int32)
+        tgt_ids = np.array([([config.bos_id] + tokenizer.encode(sample["translation"]))
+                            [:config.max_len]], np.int32)
+        _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
+        piece = tokenizer.sp.IdToPiece
+        plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
+                                [piece(int(i)) for i in src_ids[0]],
+                                [piece(int(i)) for i in tgt_ids[0]], path,
+                                f"last decoder layer's cross-attention: {sample['source']!r}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import filelock
 
-from jax_transformer.train.settings import ADDED_SETTINGS, TrainError
+from jax_transformer.train.settings import TrainError, upgrade_recorded
 from jax_transformer.train.tensorboard import TensorBoardLog
 from transformer_core.checkpoint_dir import write_atomically
 
@@ -62,7 +62,7 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
         except json.JSONDecodeError as e:
             raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
                              "--workdir") from None
-        saved = {**ADDED_SETTINGS, **saved}
+        saved = upgrade_recorded(saved)
         changed = sorted(k for k in settings if saved.get(k) != settings[k])
         if changed:
             detail = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} -> {settings[k]!r}"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from num2words import num2words
 
-from jax_transformer.data import batching
-from jax_transformer.data.batching import (TOO_MANY_TOKENS, PackedBatches, encode_pairs,
-                                           train_tokenizer)
+from jax_transformer.data import encoding, packing
+from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_pairs, train_tokenizer
+from jax_transformer.data.packing import PackedBatches
 from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
                                      cardinal_words, holdout_split, number_corpus,
                                      read_columns, read_parallel_text, sample_numbers)
@@ -140,7 +140,7 @@ def test_tokenizer_round_trip_on_held_out_numbers(numbers_and_tokenizer):
 
 
 def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer, monkeypatch):
-    monkeypatch.setattr(batching, "ENCODE_CHUNK", 7)  # encode in several chunks
+    monkeypatch.setattr(encoding, "ENCODE_CHUNK", 7)  # encode in several chunks
     corpus, tokenizer = numbers_and_tokenizer
     pairs = corpus["dev"]
     src_ids, tgt_ids, report = encode_pairs(tokenizer, pairs, max_len=10)
@@ -235,10 +235,10 @@ def test_fitting_row_shape():
     src_needed, tgt_needed = np.array([3, 5, 9, 30]), np.array([2, 2, 3, 40])
     # The side with more tokens holds its longest sentence and ROW_SENTENCES average
     # ones; the other side its longest and a length in proportion to its tokens.
-    assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
-    assert batching.fitting_row_shape(np.full(9, 10), np.full(9, 20), 256) == (48, 96)
-    assert batching.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
-    assert batching.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
+    assert packing.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
+    assert packing.fitting_row_shape(np.full(9, 10), np.full(9, 20), 256) == (48, 96)
+    assert packing.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
+    assert packing.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
 
 
 def test_jit_compiles_once_per_announced_shape():

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from jax_transformer.commands import natural_corpus
 from jax_transformer.data import natural
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.natural import natural_length_corpus
@@ -129,11 +130,11 @@ def test_bpe_8000_lengths_look_like_wmt(tmp_path):
 
 
 def test_command_line_writes_both_sides_without_jax(tmp_path):
-    """`python -m jax_transformer.data.natural` (via runpy, as -m does), JAX and torch blocked."""
+    """`jaxformer-natural-corpus` (via runpy, as -m does), JAX and torch blocked."""
     script = ("import runpy, sys\n"
               "sys.modules['jax'] = sys.modules['torch'] = None\n"
               "sys.argv = ['natural'] + sys.argv[1:]\n"
-              "runpy.run_module('jax_transformer.data.natural', run_name='__main__')\n")
+              "runpy.run_module('jax_transformer.commands.natural_corpus', run_name='__main__')\n")
     out_dir = tmp_path / "corpus"
     result = subprocess.run([sys.executable, "-c", script, "--pairs", "300", "--seed", "5",
                              "--out-dir", str(out_dir)],
@@ -147,7 +148,7 @@ def test_command_line_writes_both_sides_without_jax(tmp_path):
 
 
 def test_command_line_bad_pairs_is_one_error_line(tmp_path, capsys):
-    assert natural.main(["--pairs", "0", "--out-dir", str(tmp_path)]) == 2
+    assert natural_corpus.main(["--pairs", "0", "--out-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: natural_length_corpus needs at least one pair, got 0")
     assert not list(tmp_path.iterdir())

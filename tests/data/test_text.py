@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from jax_transformer.data.batching import (TEXT_KEYS, TOO_MANY_TOKENS, PackedBatches,
-                                           encode_lines, fitting_row_shape, train_tokenizer)
+from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, train_tokenizer
+from jax_transformer.data.packing import TEXT_KEYS, PackedBatches, fitting_row_shape
 from jax_transformer.data.corpora import (COUNT_MAX, COUNT_MIN, EMPTY, TOO_LONG, UNDECODABLE,
                                           CorpusError, cardinal_words, counting_text, read_text)
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID

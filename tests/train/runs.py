@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
-import train
-from jax_transformer.train import settings
-from jax_transformer.train.loop import run
+from jax_transformer.commands import train as train_command
+from jax_transformer.train.run import TrainingRun
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The model flags in their old spellings (--heads, --layers), which must keep working.
 TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-number", "10000",
         "--vocab-size", "200", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1",
         "--max-tokens", "512", "--warmup", "4", "--checkpoint-every", "4", "--eval-every", "6",
@@ -20,11 +20,11 @@ TINY = ["--num-train", "1500", "--num-dev", "40", "--num-test", "40", "--max-num
 
 def tiny_settings(workdir, *extra):
     """(data, model, train) settings as train.py parses them from its flags."""
-    return settings.from_flags(vars(train.parse_args(["--workdir", str(workdir), *TINY, *extra])))
+    return train_command.parse_args(["--workdir", str(workdir), *TINY, *extra])
 
 
 def tiny_run(workdir, *extra):
-    return run(*tiny_settings(workdir, *extra))
+    return TrainingRun(tiny_settings(workdir, *extra)).run()
 
 
 def records(workdir) -> list[dict]:

@@ -19,16 +19,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import train
-from jax_transformer import port, translate
+from jax_transformer.commands import port as port_command
+from jax_transformer.commands import train as train_command
+from jax_transformer import translator
 from jax_transformer.data import corpora
 from jax_transformer.train import checkpoints
 from transformer_core import checkpoint_dir
-from jax_transformer.data.batching import PackedBatches
+from jax_transformer.data.packing import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.tokenizer import Tokenizer
-from jax_transformer.cli import RunFailed
+from transformer_core.errors import RunFailed
 from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
@@ -38,7 +39,7 @@ from torch_reference import Transformer as TorchTransformer
 
 
 def recorded(workdir, *extra):
-    return settings.recorded(*tiny_settings(workdir, *extra))
+    return tiny_settings(workdir, *extra).recorded()
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +198,7 @@ def test_bad_data_gets_a_clear_error(tmp_path, src, tgt, message):
                              "--src-path", str(tmp_path / "a.txt"),
                              "--tgt-path", str(tmp_path / "b.txt"), "--quiet"],
                             cwd=REPO_ROOT, capture_output=True, text=True)
-    assert result.returncode == 2  # bad input, as every command line (jax_transformer.cli)
+    assert result.returncode == 2  # bad input, as every command line (commands/exit_codes.py)
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: "), result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -209,7 +210,7 @@ def test_help_documents_every_flag():
     result = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO_ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0
-    actions = [a for a in train.build_parser()._actions if a.option_strings]
+    actions = [a for a in train_command.build_parser()._actions if a.option_strings]
     assert len(actions) > 30
     for action in actions:
         assert action.option_strings[-1] in result.stdout, action.option_strings
@@ -265,7 +266,7 @@ def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
     sources = [sample["source"] for sample in samples] + [
         "three hundred and forty-two", "nine thousand, nine hundred and ninety-nine", "seven"]
 
-    outputs = [translate.translate_lines(sources, model, tokenizer, framework=framework, beam=1,
+    outputs = [translator.translate_lines(sources, model, tokenizer, framework=framework, beam=1,
                                          batch_size=8)
                for model, framework in ((flax_model, "jax"), (torch_model, "torch"))]
     assert outputs[0] == outputs[1]
@@ -276,7 +277,7 @@ def test_port_from_a_training_checkpoint(reference_run, tmp_path):
     """--from jax-orbax converts train.py's latest orbax checkpoint into the same
     directory as the run's own export (bit for bit), tokenizer included."""
     workdir, _ = reference_run
-    assert port.main(["--from", "jax-orbax", str(workdir / "checkpoints"),
+    assert port_command.main(["--from", "jax-orbax", str(workdir / "checkpoints"),
                       str(tmp_path / "ported")]) == 0
     config, tensors = checkpoint_dir.load_dir(tmp_path / "ported")
     export_config, export_tensors = checkpoint_dir.load_dir(workdir / "export")
@@ -285,7 +286,7 @@ def test_port_from_a_training_checkpoint(reference_run, tmp_path):
         np.testing.assert_array_equal(tensors[key], export_tensors[key], err_msg=key)
     assert (tmp_path / "ported" / "tokenizer.model").read_bytes() == (
         workdir / "tokenizer.model").read_bytes()
-    assert port.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert port_command.main(["--from", "jax-orbax", str(tmp_path), str(tmp_path / "x")]) == 2
 
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from flax import nnx
 
-import train
-from jax_transformer import generate, lm_decoding
-from jax_transformer.data.batching import train_tokenizer
+from jax_transformer import generator, lm_decoding
+from jax_transformer.commands import train as train_command
+from jax_transformer.data.encoding import train_tokenizer
 from jax_transformer.data.corpora import counting_text
 from jax_transformer.model import DecoderOnlyTransformer
 from jax_transformer.train import language_model, settings
@@ -37,7 +37,7 @@ def test_lm_flags_that_do_not_fit_are_refused(tmp_path, flags, message):
 
 
 def test_text_path_needs_task_lm(tmp_path, capsys):
-    assert train.main(["--workdir", str(tmp_path), "--text-path", "book.txt"]) == 2
+    assert train_command.main(["--workdir", str(tmp_path), "--text-path", "book.txt"]) == 2
     assert "error: --text-path is for --task lm" in capsys.readouterr().err
 
 
@@ -47,9 +47,9 @@ def test_task_lm_builds_a_decoder_only_config(tmp_path):
     assert config.architecture == "decoder_only" and config.num_decoder_layers == 1
     assert tiny_settings(tmp_path)[0].architecture == "encoder_decoder"
     # The counting text is learnt in fewer steps: --task lm has its own default.
-    assert train.parse_args(["--task", "lm"]).steps == 400
-    assert train.parse_args([]).steps == 1200
-    assert train.parse_args(["--task", "lm", "--steps", "7"]).steps == 7
+    assert train_command.parse_args(["--task", "lm"]).train.steps == 400
+    assert train_command.parse_args([]).train.steps == 1200
+    assert train_command.parse_args(["--task", "lm", "--steps", "7"]).train.steps == 7
 
 
 def test_second_half_match_counts_the_lines_whose_second_half_greedy_decoding_writes(
@@ -77,7 +77,7 @@ def test_second_half_match_counts_the_lines_whose_second_half_greedy_decoding_wr
 
     monkeypatch.setattr(lm_decoding, "greedy_search", oracle)
     model = DecoderOnlyTransformer(config, rngs=nnx.Rngs(0))
-    decoded = language_model.evaluate_test(model, tokenizer, lines,
+    decoded = language_model.LanguageModelTask().evaluate_test(model, tokenizer, lines,
                                            settings.TrainSettings(samples=0,
                                                                   decode_batch_size=4),
                                            log=lambda _: None)
@@ -122,8 +122,8 @@ def test_lm_export_continues_text_alike_in_both_frameworks(lm_run):
     prompts = ["three hundred and seven; three hundred and eight;", "", "ninety"]
     texts = []
     for framework in ("jax", "torch"):
-        model, tokenizer = generate.load(workdir / "export", framework)
-        texts.append(generate.generate(prompts, model, tokenizer, framework=framework,
+        model, tokenizer = generator.load(workdir / "export", framework)
+        texts.append(generator.generate(prompts, model, tokenizer, framework=framework,
                                        sampling=Sampling(temperature=0.7, seed=3),
                                        max_new_tokens=12))
     assert texts[0] == texts[1] and any(texts[0])

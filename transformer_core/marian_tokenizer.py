@@ -1,12 +1,28 @@
-"""Marian's tokenizer, read from the files a converted checkpoint directory holds."""
+"""Marian's tokenizer, read from the files a converted checkpoint directory holds.
+
+Needs sentencepiece (and sacremoses for `normalize`), neither JAX nor torch.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
+from typing import Any
 
-from jax_transformer.port.reading import PortError, read_json_object
 from transformer_core.config import TransformerConfig
+from transformer_core.tokenizer import TokenizerError
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object, or a TokenizerError naming the file."""
+    try:
+        values = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise TokenizerError(f"{path} must hold a JSON object, got {type(values).__name__}")
+    return values
 
 
 def split_language_code(text: str) -> tuple[str | None, str]:
@@ -42,7 +58,7 @@ class MarianTokenizer:
             if (directory / name).is_file():
                 self.spm[side] = spm.SentencePieceProcessor(model_file=str(directory / name))
         if "source" not in self.spm or not (directory / "vocab.json").is_file():
-            raise PortError(f"{directory} has no Marian tokenizer (source.spm + vocab.json)")
+            raise TokenizerError(f"{directory} has no Marian tokenizer (source.spm + vocab.json)")
         self.spm.setdefault("target", self.spm["source"])
         self.vocab = {"source": read_json_object(directory / "vocab.json")}
         target_vocab = directory / "target_vocab.json"
@@ -51,7 +67,7 @@ class MarianTokenizer:
         for vocab in self.vocab.values():
             for piece in ("</s>", "<unk>", "<pad>"):
                 if piece not in vocab:
-                    raise PortError(f"{directory}: vocab has no {piece!r}")
+                    raise TokenizerError(f"{directory}: vocab has no {piece!r}")
         self.eos_id, self.unk_id = self.vocab["source"]["</s>"], self.vocab["source"]["<unk>"]
         self.pad_id = self.vocab["source"]["<pad>"]
         self.pieces = {side: {i: p for p, i in v.items()} for side, v in self.vocab.items()}
@@ -63,12 +79,29 @@ class MarianTokenizer:
         self.source_lang = (read_json_object(config).get("source_lang") if config.is_file()
                             else None)  # as transformers' from_pretrained reads it
         if not isinstance(self.source_lang, (str, type(None))):
-            raise PortError(f"{config}: source_lang must be a language code or null, got "
+            raise TokenizerError(f"{config}: source_lang must be a language code or null, got "
                             f"{self.source_lang!r}")
 
     @staticmethod
     def is_present(directory: str | Path) -> bool:
         return (Path(directory) / "source.spm").is_file() and (Path(directory) / "vocab.json").is_file()
+
+    def encode_source(self, text: str) -> list[int]:
+        """Source ids, ending in </s>; refuses a leading language code the vocabulary lacks
+        (transformers would make it <unk>, and the model translate into no language
+        asked for)."""
+        code, _ = split_language_code(text)
+        if code is not None and code not in self.vocab["source"]:
+            codes = self.supported_language_codes
+            known = (f"its codes are {' '.join(codes[:20])}{' ...' if len(codes) > 20 else ''}"
+                     if codes else "it takes no language codes")
+            raise TokenizerError(f"starts with the language code {code}, which "
+                                 f"{self.directory / 'vocab.json'} does not have; {known}")
+        return self.encode(text)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target-side ids without </s>."""
+        return self.encode(text, "target")[:-1]
 
     def encode(self, text: str, side: str = "source") -> list[int]:
         """Text -> model ids + [</s>]; a leading language code is one id."""
@@ -76,6 +109,8 @@ class MarianTokenizer:
         code, text = split_language_code(text)
         pieces = ([code] if code else []) + self.spm[side].encode(text, out_type=str)
         return [vocab.get(p, vocab["<unk>"]) for p in pieces] + [vocab["</s>"]]
+
+    normalizes = True
 
     def normalize(self, text: str) -> str:
         """Moses punctuation normalisation (sacremoses) for tokenizer_config.json's
@@ -102,7 +137,7 @@ class MarianTokenizer:
         for side, size in (("source", config.src_vocab_size), ("target", config.tgt_vocab_size)):
             largest = max(self.vocab[side].values())
             if largest >= size:
-                raise PortError(f"{side} vocab has id {largest}, model vocabulary is {size}")
+                raise TokenizerError(f"{side} vocab has id {largest}, model vocabulary is {size}")
         if (self.pad_id, self.eos_id) != (config.pad_id, config.eos_id):
-            raise PortError(f"vocab.json has <pad>={self.pad_id}, </s>={self.eos_id}; the model "
+            raise TokenizerError(f"vocab.json has <pad>={self.pad_id}, </s>={self.eos_id}; the model "
                             f"config has pad_id={config.pad_id}, eos_id={config.eos_id}")

@@ -1,22 +1,23 @@
-"""python -m jax_transformer.port: convert a checkpoint into our directory format, or
+"""jaxformer-port: convert a checkpoint into our directory format, or
 (--to) one of ours into another format.
 
-    python -m jax_transformer.port --from hf-marian          SRC_DIR   OUT_DIR
-    python -m jax_transformer.port --from hf-fsmt            SRC_DIR   OUT_DIR   (fairseq WMT19)
-    python -m jax_transformer.port --from hf-m2m100          SRC_DIR   OUT_DIR   (M2M100, NLLB dense)
-    python -m jax_transformer.port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
-    python -m jax_transformer.port --from torch-nn-encoder   MODEL.pt  OUT_DIR --num-heads 8 \
+    jaxformer-port --from hf-marian          SRC_DIR   OUT_DIR
+    jaxformer-port --from hf-fsmt            SRC_DIR   OUT_DIR   (fairseq WMT19)
+    jaxformer-port --from hf-m2m100          SRC_DIR   OUT_DIR   (M2M100, NLLB dense)
+    jaxformer-port --from torch-nn-transformer MODEL.pt OUT_DIR --num-heads 8 ...
+    jaxformer-port --from torch-nn-encoder   MODEL.pt  OUT_DIR --num-heads 8 \
         --architecture decoder_only ...                     (nn.TransformerEncoder models)
-    python -m jax_transformer.port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
-    python -m jax_transformer.port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
-    python -m jax_transformer.port --to hf-marian            CKPT_DIR  OUT_DIR   (hf_export.py)
+    jaxformer-port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
+    jaxformer-port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
+    jaxformer-port --to hf-marian            CKPT_DIR  OUT_DIR   (hf_export.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from jax_transformer import cli
+from jax_transformer.commands import exit_codes
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import TARGETS, export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
@@ -36,15 +37,15 @@ TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit code (jax_transformer.cli)."""
-    return cli.run(convert, argv)
+    """The command line; returns the exit code (exit_codes)."""
+    return exit_codes.run(convert, argv)
 
 
 def convert(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m jax_transformer.port",
+        prog="jaxformer-port",
         description="Convert a checkpoint into our directory format (config.json + "
-                    "model.safetensors), then check it: python -m jax_transformer.parity OUT_DIR. "
+                    "model.safetensors), then check it: jaxformer-parity OUT_DIR. "
                     "Or, with --to, export one of our checkpoint directories: --to hf-marian "
                     "writes a directory transformers' MarianMTModel and MarianTokenizer load "
                     "(models Marian cannot compute are refused, naming the config field).")
@@ -139,3 +140,7 @@ def torch_nn_spec(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is not None:
             spec[name] = getattr(args, name)
     return spec
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""jaxformer-train (= python train.py): train a translator, or with --task lm a
+decoder-only language model.
+
+With no flags: the built-in corpus (English number words -> German, generated
+locally with num2words) and a small model, end to end on a CPU in minutes.
+With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
+
+    jaxformer-train --workdir runs/numbers
+    jaxformer-train --workdir runs/wmt --src-path train.en --tgt-path train.de \\
+        --preset base --max-tokens 25000 --steps 100000 --warmup 4000 --dtype bfloat16
+    jaxformer-train --task lm --workdir runs/counting       # built-in text: counting in words
+    jaxformer-train --task lm --workdir runs/lm --text-path book.txt   # one example per line
+
+Running it again on the same --workdir resumes from the latest checkpoint.
+SIGTERM or Ctrl-C finishes the current step, saves it and exits (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from simple_parsing import ArgumentParser, DashVariant
+
+from jax_transformer.commands import exit_codes
+from jax_transformer.train.settings import (DEFAULT_PRESET, PRESETS, TASK_ARCHITECTURES,
+                                            TASK_DEFAULTS, DataSettings, ModelSettings,
+                                            RunSettings, TrainSettings)
+
+
+def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags that choose other flags' defaults (--preset, --layers), and
+    --no-compile-cache."""
+    p.add_argument("--preset", choices=PRESETS, default=DEFAULT_PRESET,
+                   help="named model sizes, whose fields the model flags default to: "
+                        + "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in sizes.items())
+                                    for name, sizes in PRESETS.items())
+                        + " (default: %(default)s)")
+    p.add_argument("--layers", type=int, metavar="N",
+                   help="encoder and decoder layers each (sets --num-encoder-layers and "
+                        "--num-decoder-layers, which override it)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile everything afresh and keep nothing")
+    return p
+
+
+def build_parser(argv=None) -> ArgumentParser:
+    """train.py's command line, generated from the settings dataclasses; the defaults of
+    the model flags come from --preset (and --layers), --steps' from --task."""
+    chosen, _ = add_default_choosers(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    task = argparse.ArgumentParser(add_help=False)
+    task.add_argument("--task", choices=TASK_ARCHITECTURES, default="translate")
+    model_defaults = dict(PRESETS[chosen.preset])
+    if chosen.layers is not None:
+        model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
+    p = ArgumentParser(prog="jaxformer-train", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       add_option_string_dash_variants=DashVariant.DASH,
+                       add_config_path_arg=False)
+    add_default_choosers(p)
+    p.add_arguments(DataSettings, dest="data")
+    p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults))
+    train_defaults = TASK_DEFAULTS.get(task.parse_known_args(argv)[0].task, {})
+    p.add_arguments(TrainSettings, dest="train", default=TrainSettings(**train_defaults))
+    return p
+
+
+def parse_args(argv=None) -> RunSettings:
+    """The flags as the run's settings; bad values raise a TrainError naming the flag."""
+    args = build_parser(argv).parse_args(argv)
+    train = args.train
+    if args.no_compile_cache:
+        train = dataclasses.replace(train, compile_cache=None)
+    return RunSettings(args.data, args.model, train)
+
+
+def main(argv=None) -> int:
+    """The command line; returns the exit code (exit_codes: 2 for bad input, 1 for a
+    failed run, 130 / 143 after SIGINT / SIGTERM, the step saved)."""
+    return exit_codes.run(train, argv)
+
+
+def train(argv=None) -> int:
+    settings = parse_args(argv)  # bad flags fail here, before JAX loads
+    from jax_transformer.train.run import TrainingRun
+    summary = TrainingRun(settings).run()
+    test = summary["test"]
+    results = {"step": summary["step"], "train_seconds": summary["train_seconds"],
+               "dev_loss": round(summary["dev"]["loss"], 4), "test_loss": round(test["loss"], 4),
+               "test_perplexity": round(test["perplexity"], 3)}
+    if settings.data.task == "lm":
+        results.update(dev_nll=round(summary["dev"]["nll"], 4), test_nll=round(test["nll"], 4),
+                       test_unigram_entropy=round(test["unigram_entropy"], 4),
+                       test_second_half_match=test["second_half_match"])
+    else:
+        results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
+                       test_chrf=round(test["chrf"], 2))
+    print(json.dumps({**results, "workdir": settings.train.workdir}, indent=2), file=sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

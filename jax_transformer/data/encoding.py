@@ -1,0 +1,94 @@
+"""From text to piece ids: the run's SentencePiece vocabulary, and the corpus encoded.
+
+    pairs or lines --train_tokenizer--> Tokenizer (one vocabulary for both sides)
+    pairs --encode_pairs--> src_ids, tgt_ids (int32 piece arrays, no specials)
+    lines --encode_lines--> ids, a language model's (packing.PackedBatches(None, ids))
+
+Examples longer than max_len tokens are skipped and counted. Needs numpy and
+sentencepiece, not JAX.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from jax_transformer.data.corpora import CorpusError, CorpusReport, Pair
+from transformer_core.tokenizer import Tokenizer
+
+TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
+ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
+
+
+def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,
+                    vocab_size: int = 8000, model_type: str = "unigram",
+                    max_pairs: int = 1_000_000, seed: int = 0) -> Tokenizer:
+    """Train one SentencePiece vocabulary on both sides of sentence pairs (or on lines
+    of text); save to `model_path`.
+
+    `model_type` is "unigram" or "bpe" (the paper's byte-pair encoding). Corpora
+    of more than `max_pairs` examples are sampled (by `seed`) first, as
+    SentencePiece's own input_sentence_size would, to bound its memory and time.
+    """
+    if len(examples) > max_pairs:
+        chosen = np.random.default_rng(seed).choice(len(examples), max_pairs, replace=False)
+        examples = [examples[i] for i in np.sort(chosen)]
+    sentences = (sentence for example in examples
+                 for sentence in ((example,) if isinstance(example, str) else example))
+    return Tokenizer.train(sentences, model_path, vocab_size=vocab_size, model_type=model_type)
+
+
+def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256,
+                 ) -> tuple[list[np.ndarray], list[np.ndarray], CorpusReport]:
+    """Encode pairs into piece ids, dropping those that do not fit `max_len` tokens.
+
+    Returns (src_ids, tgt_ids, report): two lists of int32 arrays (pieces only;
+    batches add eos/bos) and a report of how many pairs were dropped because a
+    side needs more than `max_len` positions with its eos/bos (the report's
+    "line" is the pair's 1-based position in `pairs`).
+    """
+    if not pairs:
+        raise CorpusError("encode_pairs got no pairs")
+    report = CorpusReport(f"tokenized (max_len {max_len})")
+    src_ids, tgt_ids = [], []
+    encoded = zip(_encode(tokenizer, [src for src, _ in pairs]),
+                  _encode(tokenizer, [tgt for _, tgt in pairs]))
+    for number, (src, tgt) in enumerate(encoded, start=1):
+        if max(len(src), len(tgt)) + 1 > max_len:
+            report.skip(TOO_MANY_TOKENS, number)
+            continue
+        src_ids.append(np.asarray(src, dtype=np.int32))
+        tgt_ids.append(np.asarray(tgt, dtype=np.int32))
+    report.kept = len(src_ids)
+    if not src_ids:
+        raise CorpusError(f"{report}: every pair is longer than max_len {max_len} tokens")
+    return src_ids, tgt_ids, report
+
+
+def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_len: int = 256,
+                 ) -> tuple[list[np.ndarray], CorpusReport]:
+    """Encode a language model's lines into piece ids, dropping those that need more
+    than `max_len` positions with their bos (or eos). Returns (ids, report), as
+    `encode_pairs` does for pairs."""
+    if not lines:
+        raise CorpusError("encode_lines got no lines")
+    report = CorpusReport(f"tokenized (max_len {max_len})", unit="lines")
+    ids = []
+    for number, pieces in enumerate(_encode(tokenizer, lines), start=1):
+        if len(pieces) + 1 > max_len:
+            report.skip(TOO_MANY_TOKENS, number)
+            continue
+        ids.append(np.asarray(pieces, dtype=np.int32))
+    report.kept = len(ids)
+    if not ids:
+        raise CorpusError(f"{report}: every line is longer than max_len {max_len} tokens")
+    return ids, report
+
+
+def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[int]]:
+    """Each text's piece ids, encoded ENCODE_CHUNK texts at a time (one SentencePiece
+    call each), which bounds the Python lists alive at once."""
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        yield from tokenizer.sp.encode(list(texts[start:start + ENCODE_CHUNK]))

@@ -1,5 +1,0 @@
-import sys
-
-from jax_transformer.port.cli import main
-
-sys.exit(main())

@@ -1,0 +1,91 @@
+"""A training run's inputs: the corpus, the tokenizer, the packed batches, the data
+position of a resumed run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from jax_transformer.data.corpora import CorpusError
+from jax_transformer.data.encoding import train_tokenizer
+from jax_transformer.data.packing import PackedBatches, fitting_row_shape, positions_needed
+from jax_transformer.train.settings import DataSettings, TrainError
+from jax_transformer.train.task import TASKS
+from transformer_core.checkpoint_dir import TOKENIZER_FILE
+from transformer_core.tokenizer import Tokenizer, TokenizerError
+
+
+def log(message: str) -> None:
+    """One line on stderr from process 0, between progress bar updates."""
+    if jax.process_index() == 0:
+        tqdm.write(message, file=sys.stderr)
+
+
+def load_corpus(data: DataSettings, seed: int) -> dict[str, list]:
+    """{"train", "dev", "test"}: sentence pairs (translate) or lines of text (lm)."""
+    return TASKS[data.task].load_splits(data, seed, log)
+
+
+def load_tokenizer(workdir: Path, examples, data: DataSettings, seed: int,
+                   resuming: bool) -> Tokenizer:
+    """The run's tokenizer: trained once on the training pairs (or lines), reused on
+    resume."""
+    path = workdir / TOKENIZER_FILE
+    if resuming and path.exists():
+        tokenizer = Tokenizer(path)
+    else:
+        try:
+            tokenizer = train_tokenizer(examples, path, vocab_size=data.vocab_size,
+                                        model_type=data.tokenizer_type, seed=seed)
+        except TokenizerError as e:
+            raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
+    log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
+    return tokenizer
+
+
+def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
+                 seed: int) -> dict[str, PackedBatches]:
+    """Every split packed into rows of one shape, which holds the longest sentences of
+    every split: one batch shape for training and evaluation. A language model's
+    lines are targets without a source: rows of source length 0."""
+    encoded = {}
+    for split, examples in splits.items():
+        src_ids, tgt_ids, report = TASKS[data.task].encode(tokenizer, examples, data.max_len)
+        if report.skipped:
+            log(f"{split}: {report}")
+        encoded[split] = src_ids, tgt_ids
+
+    def needed(side: int):  # positions every example of every split needs on that side
+        if encoded["train"][side] is None:
+            return None
+        return np.concatenate([positions_needed(ids[side]) for ids in encoded.values()])
+
+    row_shape = fitting_row_shape(needed(0), needed(1), data.max_len)
+    batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
+                                    batch_multiple=jax.device_count(),
+                                    shuffle=split == "train", seed=seed)
+               for split, (src_ids, tgt_ids) in encoded.items()}
+    fill = batches["train"].fill()
+    log(f"train batches: shapes (rows, source length, target length) "
+        f"{', '.join(map(str, batches['train'].shapes()))}; {fill['batches']} per epoch; "
+        f"{fill['real_fraction']:.1%} of token slots hold real tokens; "
+        f"{fill['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
+        f"({fill['tgt_tokens_per_batch'] / data.max_tokens:.0%} of --max-tokens)")
+    return batches
+
+
+def set_data_position(batches, data_state: dict, data_settings: DataSettings,
+                      step: int) -> None:
+    """Put the batch iterator where checkpoint `step` left it, or say what changed."""
+    try:
+        batches.set_state(data_state)
+    except CorpusError as e:
+        corpus = ("the built-in corpus (its flags)" if data_settings.builtin else
+                  "--columns-path" if data_settings.columns_path else
+                  "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
+        raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
+                         f"{corpus} changed? Restore it, or use a new --workdir") from None

@@ -1,0 +1,274 @@
+"""A training run: the job behind train.py, from its settings to eval.json.
+
+    TrainingRun(settings).run()   open the work directory, prepare, train, export, evaluate
+
+The task (--task, train.task) decides the corpus, the architecture and the final
+evaluation; the rest is shared. Resuming: a work directory that holds
+checkpoints is resumed from the latest one with the same settings, tokenizer,
+data order and dropout stream, so the losses continue exactly as in an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from tqdm import tqdm
+
+from jax_transformer import signals
+from jax_transformer.model import build_model
+from jax_transformer.train import compiling, evaluation, interrupts, plots
+from jax_transformer.train.checkpoints import Checkpointer
+from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
+                                          set_data_position)
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
+from jax_transformer.train.task import TASKS
+from jax_transformer.train.tensorboard import TENSORBOARD_DIR
+from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
+                                           open_workdir, write_text_atomically)
+from transformer_core.checkpoint_dir import CONFIG_FILE, write_atomically
+from transformer_core.config import TransformerConfig
+from transformer_core.errors import RunFailed
+
+
+class TrainingDiverged(RunFailed):
+    """The loss or the gradient norm became non-finite."""
+
+
+class TrainingRun:
+    """One run in its work directory: the settings, the corpus and its batches, the
+    tokenizer, the model's trainer, the checkpointer and the metrics log."""
+
+    def __init__(self, settings: RunSettings):
+        self.settings = settings
+        self.task = TASKS[settings.data.task]
+        self.started = time.monotonic()  # --time-budget counts from here
+
+    def run(self) -> dict:
+        """Train (or resume), then export and evaluate; returns eval.json's contents plus
+        "train_seconds"."""
+        settings = self.settings.train
+        if settings.distributed:
+            jax.distributed.initialize()
+        compiling.use_compilation_cache(settings.compile_cache)
+        compiling.CompileCounter.start()
+        self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
+        self.workdir, lock = (open_workdir(settings.workdir) if self.primary
+                              else (Path(settings.workdir), None))
+        try:
+            self.prepare()
+            started = time.time()
+            state, report = self.train()
+            train_seconds = time.time() - started
+            with signals.signal_handlers(signals.exit_at_once(
+                    f"stopped during the final export and evaluation; training is saved at "
+                    f"step {int(state.step)}; run the same command to finish them")):
+                self.export(state)
+                summary = self.evaluate(state, report)
+            summary["train_seconds"] = round(train_seconds, 1)
+            self.checkpointer.close()
+            return summary
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def prepare(self) -> None:
+        """Check the settings against a resumed run's; build the corpus, the tokenizer, the
+        batches, the model and its trainer."""
+        data_settings, model_settings, settings = self.settings
+        workdir = self.workdir
+        self.checkpointer = Checkpointer(workdir, keep=settings.keep)
+        self.resuming = self.checkpointer.latest_step() is not None
+        check_run_settings(workdir, self.settings.recorded(), self.resuming, self.primary)
+
+        self.splits = load_corpus(data_settings, settings.seed)
+        self.tokenizer = load_tokenizer(workdir, self.splits["train"], data_settings,
+                                        settings.seed, self.resuming)
+        self.batches = make_batches(self.splits, self.tokenizer, data_settings, settings.seed)
+
+        config_path = workdir / CONFIG_FILE
+        if self.resuming and config_path.exists():
+            config = TransformerConfig.from_json(config_path)
+        else:
+            config = model_settings.config(self.tokenizer.vocab_size, data_settings.max_len,
+                                           data_settings.architecture)
+            if self.primary:
+                write_atomically(config_path, config.to_json)
+        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
+        model = build_model(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
+                            param_dtype=jnp.float32)
+        self.schedule = paper_schedule(config.d_model, settings.warmup, settings.lr_scale)
+        self.trainer = Trainer(model, make_optimizer(self.schedule, settings.clip_norm),
+                               settings.label_smoothing)
+        num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
+        layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
+                  if config.architecture == "encoder_decoder" else config.num_decoder_layers)
+        log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
+            f"{config.d_model}, {layers} layers, {settings.dtype} "
+            f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
+
+    def train(self):
+        """The loop: steps up to --steps, or until --time-budget has passed; metrics,
+        evaluations, checkpoints. Returns the final state, saved, and the run's report
+        (batches, compiling, speed, what stopped it). SIGINT/SIGTERM: the step finishes
+        and is saved (train.interrupts), then signals.Interrupted says so."""
+        settings, checkpointer = self.settings.train, self.checkpointer
+        compiled_before = compiling.CompileCounter.snapshot()
+        state = self.trainer.initial_state
+        batches = self.batches["train"].iterator()
+        if self.resuming:
+            state, data_state = checkpointer.restore_newest_intact(state, warn=log)
+            set_data_position(batches, data_state, self.settings.data, int(state.step))
+            log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
+        start_step = int(state.step)
+        # Opened before compiling, so that once "compiled in" is printed a stop is deferred
+        # to the end of a step (and saved) without a gap.
+        metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
+                                 tensorboard=self.workdir / TENSORBOARD_DIR
+                                 if settings.tensorboard else None)
+        ahead_seconds = self.compile_ahead(state)
+        real_tokens, started = 0, time.time()
+        seconds_before_training = time.monotonic() - self.started
+        deadline = (self.started + settings.time_budget if settings.time_budget is not None
+                    else None)
+        last_saved = start_step if self.resuming else None
+        progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
+                        disable=settings.quiet or not self.primary, dynamic_ncols=True)
+        with interrupts.deferred_stops(deadline) as stops, progress, \
+                contextlib.closing(metrics_log):
+            compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
+            log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
+                f"{compiled['cache_hits']} loaded from the cache")
+            if start_step < settings.steps:  # at the first step these programs train
+                metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
+            while int(state.step) < settings.steps and not stops.agreed():
+                step_started = time.time()
+                state, metrics = self.step(state, batches)
+                step = int(state.step)
+                loss, grad_norm = self.finite_metrics(metrics, step, last_saved)
+                tokens = int(metrics["tokens"])
+                real_tokens += tokens
+                lr = float(self.schedule(step - 1))
+                tokens_per_s = tokens / max(time.time() - step_started, 1e-9)
+                metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
+                                  tokens=tokens, tokens_per_s=round(tokens_per_s, 1),
+                                  elapsed=round(time.time() - started, 3))
+                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}",
+                                     tok_s=f"{tokens_per_s:,.0f}")
+                progress.update(1)
+                if step % settings.eval_every == 0 or step == settings.steps:
+                    dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
+                    metrics_log.write(step=step, dev_loss=dev["loss"],
+                                      dev_perplexity=dev["perplexity"])
+                    log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
+                        f"dev perplexity {dev['perplexity']:.3f}")
+                if step % settings.checkpoint_every == 0 or step == settings.steps:
+                    checkpointer.save(state, batches.get_state())
+                    last_saved = step
+            if stops.out_of_time:
+                log(f"--time-budget {settings.time_budget:g} s spent: stopping after step "
+                    f"{int(state.step)}")
+            if int(state.step) != last_saved:  # a signal or the budget between checkpoints
+                checkpointer.save(state, batches.get_state())
+            checkpointer.wait()
+        if stops.signum is not None:
+            raise signals.Interrupted(f"{signal.Signals(stops.signum).name}: saved step "
+                                      f"{int(state.step)} in {checkpointer.manager.directory}; "
+                                      "run the same command to resume", stops.signum)
+        report = self.training_report(
+            steps=int(state.step) - start_step, compiled_before=compiled_before,
+            ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
+            seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time)
+        log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
+            f"tokens/s; compiling: {report['compiled']}")
+        return state, report
+
+    def compile_ahead(self, state) -> float:
+        """Compile the step's programs for every batch shape before the first step (or
+        load them from the cache); returns the seconds it took."""
+        settings = self.settings.train
+        programs = self.trainer.programs(state, self.batches["train"].shapes(),
+                                         settings.accumulate)
+        with signals.signal_handlers(signals.exit_at_once(
+                f"stopped while compiling, before step {int(state.step) + 1}; saved checkpoints "
+                "are intact; run the same command to resume")):
+            log(f"compiling {len(programs)} programs ahead of time ("
+                + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
+            return compiling.compile_ahead(programs, log)
+
+    def step(self, state, batches):
+        """One optimizer update on --accumulate micro-batches: (state, metrics)."""
+        micro_batches = [self.trainer.shard_batch(next(batches))
+                         for _ in range(self.settings.train.accumulate)]
+        if len(micro_batches) == 1:
+            return self.trainer.train_step(state, micro_batches[0])
+        return self.trainer.accumulate(state, micro_batches)
+
+    def finite_metrics(self, metrics, step: int, last_saved: int | None) -> tuple[float, float]:
+        """(loss, gradient norm), or TrainingDiverged when either is not finite: the run
+        stops before the bad state is saved."""
+        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.checkpointer.wait()
+            where = (f"the last good checkpoint is step {last_saved} in "
+                     f"{self.checkpointer.manager.directory}" if last_saved is not None
+                     else "no checkpoint was written")
+            raise TrainingDiverged(f"loss {loss} / gradient norm {grad_norm} at step "
+                                   f"{step}: stopping; {where}")
+        return loss, grad_norm
+
+    def training_report(self, *, steps: int, compiled_before, ahead_seconds: float,
+                        seconds: float, real_tokens: int, seconds_before_training: float,
+                        out_of_time: bool) -> dict:
+        """eval.json's "training": batches, compiling, speed, what stopped the run."""
+        fill = self.batches["train"].fill()
+        return {"batch_shapes": self.batches["train"].shapes(),
+                "real_token_fraction": round(fill["real_fraction"], 4),
+                "tgt_tokens_per_batch": round(fill["tgt_tokens_per_batch"], 1),
+                "compile_ahead_seconds": round(ahead_seconds, 2),
+                "compiled": compiling.CompileCounter.since(compiled_before),
+                "steps": steps,
+                "tgt_tokens_per_s": round(real_tokens / max(seconds, 1e-9), 1),
+                "seconds_before_training": round(seconds_before_training, 3),
+                "stopped_by": "time_budget" if out_of_time else "steps",
+                "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
+                                             or {}).get("peak_bytes_in_use")}
+
+    def export(self, state) -> None:
+        """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
+        if self.primary:
+            self.trainer.model(state).save_pretrained(self.workdir / "export",
+                                                      tokenizer=self.tokenizer.path)
+            log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
+                "tokenizer.model)")
+
+    def evaluate(self, state, report: dict) -> dict:
+        """Held-out losses and the task's test evaluation (the test set decoded); writes
+        eval.json (with this process's training `report`) and the figures."""
+        model = self.trainer.model(state)
+        results = {"step": int(state.step), "training": report}
+        for split in ("dev", "test"):
+            results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
+        started = time.time()
+        decoded = self.task.evaluate_test(model, self.tokenizer, self.splits["test"],
+                                          self.settings.train, log)
+        results["decoding"], results["samples"] = decoded["decoding"], decoded["samples"]
+        results["test"].update(decoded["test"])
+        results["test"]["decode_seconds"] = round(time.time() - started, 1)
+        if not self.primary:
+            return results
+        write_text_atomically(self.workdir / "eval.json", json.dumps(results, indent=2) + "\n")
+        plots.loss_curve(self.workdir / METRICS_FILE, self.workdir / "loss.png")
+        if results["samples"]:
+            self.task.attention_figure(model, self.tokenizer, results["samples"][0],
+                                       self.workdir / "attention.png")
+        return results

@@ -1,0 +1,100 @@
+"""Translate sentences with a checkpoint directory: the library behind `jaxformer-translate`.
+
+The tokenizer is the checkpoint's (checkpoint_dir.load_tokenizer): ours, or a
+converted opus-mt model's Marian tokenizer, whose multilingual models take the
+target language as a code at the start of each line, ">>fra<< text", as with
+transformers. `framework="torch"` runs torch_reference (on CUDA when torch sees
+a GPU) and does not import JAX.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from jax_transformer.data.packing import bucket_lengths, padded_length
+from transformer_core import checkpoint_dir
+from transformer_core.errors import InputError
+from transformer_core.tokenizer import CheckpointTokenizer, TokenizerError
+
+
+class TranslateError(InputError):
+    """The translation request cannot be served as given."""
+
+
+def load(checkpoint, framework: str):
+    """(model, tokenizer) from a checkpoint directory, or a clear error."""
+    directory = Path(checkpoint)
+    if not directory.is_dir():
+        raise TranslateError(f"checkpoint directory {directory} does not exist")
+    tokenizer = checkpoint_dir.load_tokenizer(directory)
+    if framework == "torch":
+        import torch
+
+        import torch_reference
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = torch_reference.Transformer.from_pretrained(directory, device=device).eval()
+    else:
+        from jax_transformer.model import Transformer
+        model = Transformer.from_pretrained(directory)
+    tokenizer.check_fits(model.config)
+    return model, tokenizer
+
+
+def source_ids(tokenizer: CheckpointTokenizer, text: str, line: int) -> list[int]:
+    """Input line number `line`'s source ids, ending in eos."""
+    try:
+        return tokenizer.encode_source(text)
+    except TokenizerError as e:
+        raise TranslateError(f"line {line} {e}") from None
+
+
+def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
+                    alpha=0.6, max_len=None, batch_size=32, progress=None) -> list[str]:
+    """One translation per line, in order; a blank line gives a blank translation without
+    running the model. Sentences are sorted by length into batches and padded to the
+    training buckets' lengths (jax_transformer.data.packing), so JAX compiles once per
+    length bucket, not once per batch."""
+    config = model.config
+    if max_len is not None and max_len > config.max_len:
+        raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
+    if framework == "torch":
+        from torch_reference import decoding
+    else:
+        from jax_transformer import decoding
+
+    sources = {}  # line index -> source ids; blank lines have none and stay blank
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        ids = source_ids(tokenizer, line.strip(), i + 1)
+        if len(ids) > config.max_len:
+            print(f"warning: line {i + 1} truncated to the model's max_len "
+                  f"({config.max_len} tokens)", file=sys.stderr)
+            ids = ids[: config.max_len - 1] + [config.eos_id]
+        sources[i] = ids
+    order = sorted(sources, key=lambda i: len(sources[i]))
+    buckets = bucket_lengths(config.max_len)
+    translations = [""] * len(lines)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for batch in (progress(batches) if progress else batches):
+        width = padded_length(max(len(sources[i]) for i in batch), buckets)
+        # Fixed shapes for jit: every batch is (batch_size, bucket); filler rows are [eos].
+        src = np.full((batch_size if framework == "jax" else len(batch), width), config.pad_id,
+                      np.int32)
+        src[:, 0] = config.eos_id
+        for row, i in enumerate(batch):
+            src[row, : len(sources[i])] = sources[i]
+        out_len = max_len or min(config.max_len, 2 * width + 10)
+        if beam == 1:
+            tokens, _ = decoding.greedy_search(model, src, max_len=out_len)
+        else:
+            tokens, _ = decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
+                                             alpha=alpha)
+            tokens = tokens[:, 0]  # the best beam
+        tokens = np.asarray(tokens.cpu() if framework == "torch" else tokens)
+        for row, i in enumerate(batch):
+            translations[i] = tokenizer.decode(tokens[row].tolist())
+    return translations
