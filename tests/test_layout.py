@@ -1,4 +1,5 @@
-"""The layout's promises: a neutral core, no import cycles, small modules."""
+"""The layout's promises: a neutral core, commands on top of libraries, no import cycles
+(between modules or folders, lazy imports included), small modules."""
 
 import ast
 import subprocess
@@ -9,12 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transformer_core", "jax_transformer", "torch_reference")
+COMMANDS = "jax_transformer.commands"
 MAX_LINES = 400
 
 
-def modules() -> dict[str, Path]:
+def modules(folders=PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in folders:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -39,25 +41,59 @@ def imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
-def test_no_import_cycles():
+def import_graph() -> dict[str, set[str]]:
     known = modules()
-    graph = {name: imports(path, name, known) for name, path in known.items()}
+    return {name: imports(path, name, known) for name, path in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, str] = {}
 
     def visit(name, chain):
         state[name] = "open"
         for target in sorted(graph[name]):
             if state.get(target) == "open":
-                cycle = chain[chain.index(target):] + [target]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if target not in state:
-                visit(target, chain + [target])
+                return chain[chain.index(target):] + [target]
+            if target not in state and (cycle := visit(target, chain + [target])):
+                return cycle
         state[name] = "done"
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+        if name not in state and (cycle := visit(name, [name])):
+            return cycle
+    return None
+
+
+def folder(path: Path) -> str:
+    """The folder a module file lives in, dotted: jax_transformer/train/step.py and
+    jax_transformer/train/__init__.py -> jax_transformer.train."""
+    return ".".join(path.relative_to(ROOT).parent.parts)
+
+
+def test_no_import_cycles_between_modules_or_folders():
+    graph, known = import_graph(), modules()
     assert "jax_transformer.model" in graph["jax_transformer.train.step"]  # the graph is real
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    folders: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        here = folder(known[name])
+        folders.setdefault(here, set()).update(
+            t for t in (folder(known[t]) for t in targets) if t != here)
+    assert find_cycle(folders) is None, "folders import in a cycle: " + " -> ".join(
+        find_cycle(folders))
+
+
+def test_the_cycle_checks_can_fail():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert folder(ROOT / "jax_transformer" / "port" / "__init__.py") == "jax_transformer.port"
+    assert folder(ROOT / "jax_transformer" / "model.py") == "jax_transformer"
+
+
+def test_no_library_module_imports_a_command():
+    """Commands sit on top: nothing in the packages below imports one, lazily or not."""
+    for name, targets in import_graph().items():
+        if not name.startswith(COMMANDS):
+            assert not {t for t in targets if t.startswith(COMMANDS)}, name
 
 
 def test_the_core_imports_neither_framework_and_torch_reference_no_jax_transformer():
@@ -75,7 +111,7 @@ def test_the_core_imports_neither_framework_and_torch_reference_no_jax_transform
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
 
 
-def test_modules_stay_short():
-    long = {name: n for name, path in modules().items()
+def test_modules_and_benchmarks_stay_short():
+    long = {name: n for name, path in modules(PACKAGES + ("benchmarks",)).items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
