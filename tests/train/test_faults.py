@@ -264,7 +264,7 @@ def test_a_corpus_changed_under_a_run_is_named_on_resume(tmp_path):
     (["--vocab-size", "0"], "--vocab-size must be more than the 4 special pieces"),
     (["--vocab-size", "5"], "--vocab-size 5: SentencePiece cannot train 5 pieces on this text"),
     (["--max-len", "2"], "--max-len must be at least 8, got 2"),
-    (["--heads", "3"], "--d-model 32 must be divisible by --heads 3"),
+    (["--heads", "3"], "--d-model (32) must be divisible by --num-heads (3)"),
     (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
     (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
     (["--time-budget", "0"], "--time-budget must be positive (seconds), got 0.0"),

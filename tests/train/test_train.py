@@ -100,6 +100,38 @@ def test_resume_refuses_other_settings(tmp_path):
         check_run_settings(tmp_path, recorded(tmp_path, "--d-ff", "48"), resuming=True)
 
 
+def test_model_flags_are_the_config_s_fields_and_old_spellings_still_work(tmp_path):
+    new = ["--num-heads", "2", "--num-encoder-layers", "2", "--num-decoder-layers", "2"]
+    assert tiny_settings(tmp_path, *new) == tiny_settings(tmp_path, "--heads", "2",
+                                                          "--layers", "2")
+    config = tiny_settings(tmp_path, "--layers", "2", "--num-decoder-layers", "1").model.config(
+        200, 64)
+    assert (config.num_encoder_layers, config.num_decoder_layers) == (2, 1)  # fields win
+    assert tiny_settings(tmp_path, "--pre-norm").model.config(200, 64).final_norm  # as before
+
+
+def test_presets_give_the_paper_s_sizes(tmp_path):
+    base = train_command.parse_args(["--preset", "base"]).model.config(8000, 256)
+    paper = TransformerConfig()  # its defaults are the paper's base model
+    assert base == paper.replace(max_len=256)
+    big = train_command.parse_args(["--preset", "big", "--dropout", "0.1"]).model
+    assert (big.d_model, big.num_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.1)
+    tiny = train_command.parse_args([]).model
+    assert (tiny.d_model, tiny.num_heads, tiny.d_ff, tiny.num_encoder_layers) == (128, 4, 512, 3)
+
+
+def test_a_run_args_json_from_before_the_config_vocabulary_resumes(tmp_path):
+    """run_args.json written before the model flags became TransformerConfig's fields
+    (heads, layers; none of the variant fields): the same run resumes, another not."""
+    old = {k: v for k, v in recorded(tmp_path).items()
+           if k not in {"num_heads", "num_encoder_layers", "num_decoder_layers",
+                        *settings.ADDED_SETTINGS}}
+    (tmp_path / "run_args.json").write_text(json.dumps({**old, "heads": 4, "layers": 1}))
+    check_run_settings(tmp_path, recorded(tmp_path), resuming=True)
+    with pytest.raises(settings.TrainError, match="--num-encoder-layers 1 -> 2"):
+        check_run_settings(tmp_path, recorded(tmp_path, "--layers", "2"), resuming=True)
+
+
 def test_marian_flags_leave_the_default_model_and_old_runs_alone(tmp_path):
     """--position-layout half_split (+ --activation silu) makes a model `port --to
     hf-marian` exports; without them the model is the paper's, as before."""
