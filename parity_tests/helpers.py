@@ -190,3 +190,17 @@ def assert_close(actual, expected, atol: float, what: str) -> None:
     diff = float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64)),
                         initial=0.0))
     assert diff <= atol, f"{what}: max |diff| {diff:.3g} > {atol:g}"
+
+
+def flax_params(model) -> dict[str, np.ndarray]:
+    """A Flax model's parameters as torch-named numpy arrays, copied."""
+    from jax_transformer.pretrained import to_torch_state_dict
+    return {k: v.copy() for k, v in to_torch_state_dict(model).items()}
+
+
+def assert_bit_exact(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        x, y = np.asarray(a[key]), np.asarray(b[key])
+        assert x.dtype == y.dtype, key
+        np.testing.assert_array_equal(x, y, err_msg=key)

@@ -347,3 +347,17 @@ def test_trained_model_generates_our_tokens(trained):
         assert [first_sentence(r[1:]) for r in out.sequences.tolist()] == best, beam
         diff = np.abs(out.sequences_scores.numpy() - np.asarray(scores)[:, 0]).max()
         assert diff <= 1e-4, diff
+
+
+@pytest.mark.slow
+def test_a_trained_model_translates_alike_in_both_frameworks(trained):
+    """A train.py run's export: the same greedy translations from Flax and torch_reference."""
+    from jax_transformer import translator
+    from jax_transformer.model import Transformer as FlaxTransformer
+    ours_dir, _ = trained
+    tokenizer = Tokenizer(ours_dir / "tokenizer.model")
+    models = ((FlaxTransformer.from_pretrained(ours_dir), "jax"),
+              (torch_reference.Transformer.from_pretrained(ours_dir).eval(), "torch"))
+    outputs = [translator.translate_lines(SENTENCES, model, tokenizer, framework=framework,
+                                          beam=1, batch_size=8) for model, framework in models]
+    assert outputs[0] == outputs[1] and any(outputs[0])

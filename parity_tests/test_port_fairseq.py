@@ -26,6 +26,7 @@ from jax_transformer import decoding as jax_decoding
 from jax_transformer import port
 from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
+from transformer_core import positions
 from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from parity_tests.test_port import load_ours, our_logits, perturb_
 from torch_reference import decoding as torch_decoding
@@ -249,3 +250,12 @@ def test_untied_lm_head_under_tied_config_is_an_error(tmp_path):
     torch.save({k: torch.from_numpy(v) for k, v in state.items()}, src_dir / "pytorch_model.bin")
     with pytest.raises(port.PortError, match="lm_head.weight differs"):
         port.convert_hf_m2m100(src_dir, tmp_path / "out")
+
+
+def test_fairseq_layout_equals_transformers_table():
+    fsmt = pytest.importorskip("transformers.models.fsmt.modeling_fsmt")
+    for d_model in (32, 33):
+        theirs = fsmt.SinusoidalPositionalEmbedding.get_embedding(50, d_model, 1).numpy()
+        ours = positions.sinusoidal_positions(50, d_model, "fairseq").copy()
+        ours[1] = 0  # fairseq zeroes the pad row; we never read rows below the offset
+        np.testing.assert_allclose(theirs, ours, rtol=0, atol=1e-5)  # theirs is float32 maths

@@ -46,32 +46,6 @@ def run_main(args, capsys):
     return code, captured.out.splitlines(), captured.err
 
 
-SAMPLE = ["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"]
-
-
-@pytest.mark.parametrize("flags", [SAMPLE,
-                                   pytest.param(["--temperature", "0"], marks=pytest.mark.slow),
-                                   pytest.param(["--beam-size", "3"], marks=pytest.mark.slow)],
-                         ids=["sample", "greedy", "beam"])
-def test_both_frameworks_print_the_same_text(checkpoint, tmp_path, capsys, flags):
-    prompt_file = tmp_path / "prompts.txt"
-    prompt_file.write_text("\n".join(PROMPTS[1:]) + "\n")
-    outputs = {}
-    for framework in ("jax", "torch"):
-        code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
-                                   "--prompt-file", prompt_file, "--max-new-tokens", "12",
-                                   "--framework", framework, *flags], capsys)
-        assert code == 0, err
-        assert len(out) == len(PROMPTS) and all(out), out
-        outputs[framework] = out
-    assert outputs["jax"] == outputs["torch"]
-    if flags == SAMPLE:  # another seed, other text
-        code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
-                                   "--prompt-file", prompt_file, "--max-new-tokens", "12",
-                                   "--framework", "torch", *SAMPLE[:-1], "4"], capsys)
-        assert code == 0 and out != outputs["torch"]
-
-
 def test_errors_are_clear(checkpoint, tmp_path, capsys):
     translator = tmp_path / "translator"
     torch_reference.Transformer(TransformerConfig(

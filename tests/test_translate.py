@@ -69,27 +69,6 @@ def run_script(args, stdin: bytes, prelude: str = ""):
                           capture_output=True, cwd=REPO, timeout=120)
 
 
-@pytest.mark.parametrize("checkpoint", ["jax_checkpoint", "torch_checkpoint"])
-def test_both_frameworks_translate_the_same(checkpoint, request, tmp_path, capsys):
-    directory = request.getfixturevalue(checkpoint)
-    source = tmp_path / "source.txt"
-    source.write_text("\n".join(LINES) + "\n")
-    outputs = {}
-    for framework in ("jax", "torch"):
-        for beam in ("1", "3"):
-            code, out, err = run_main(["--checkpoint", directory, "--input", source,
-                                       "--framework", framework, "--beam", beam,
-                                       "--max-len", "12", "--batch-size", "4"], capsys)
-            assert code == 0, err
-            assert len(out) == len(LINES)
-            assert out[0] == out[3]  # input order kept across sorted batches
-            assert out[LINES.index("")] == ""  # an empty line is not translated
-            assert "translated 6 sentences" in err
-            outputs[framework, beam] = out
-    assert outputs["jax", "1"] == outputs["torch", "1"]
-    assert outputs["jax", "3"] == outputs["torch", "3"]
-
-
 def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys):
     source = tmp_path / "source.txt"
     source.write_text("\n".join(LINES) + "\n")

@@ -288,23 +288,6 @@ def test_bfloat16_computes_in_bf16_and_keeps_float32_state():
 
 
 @pytest.mark.slow
-def test_export_gives_the_same_greedy_translations_in_torch(reference_run):
-    workdir, _ = reference_run
-    export = workdir / "export"
-    tokenizer = Tokenizer(export / "tokenizer.model")
-    flax_model = FlaxTransformer.from_pretrained(export)
-    torch_model = TorchTransformer.from_pretrained(export).eval()
-    samples = json.loads((workdir / "eval.json").read_text())["samples"]
-    sources = [sample["source"] for sample in samples] + [
-        "three hundred and forty-two", "nine thousand, nine hundred and ninety-nine", "seven"]
-
-    outputs = [translator.translate_lines(sources, model, tokenizer, framework=framework, beam=1,
-                                         batch_size=8)
-               for model, framework in ((flax_model, "jax"), (torch_model, "torch"))]
-    assert outputs[0] == outputs[1]
-
-
-@pytest.mark.slow
 def test_port_from_a_training_checkpoint(reference_run, tmp_path):
     """--from jax-orbax converts train.py's latest orbax checkpoint into the same
     directory as the run's own export (bit for bit), tokenizer included."""

@@ -1,0 +1,57 @@
+"""The commands in both frameworks: jaxformer-translate and jaxformer-generate print the
+same text with --framework jax and --framework torch (tiny checkpoints of either)."""
+
+import pytest
+
+from tests.test_generate import PROMPTS, checkpoint  # noqa: F401 (a fixture)
+from tests.test_generate import run_main as run_generate
+from tests.test_translate import (LINES, jax_checkpoint, tokenizer,  # noqa: F401 (fixtures)
+                                  torch_checkpoint)
+from tests.test_translate import run_main as run_translate
+
+
+@pytest.mark.parametrize("checkpoint", ["jax_checkpoint", "torch_checkpoint"])
+def test_both_frameworks_translate_the_same(checkpoint, request, tmp_path, capsys):
+    directory = request.getfixturevalue(checkpoint)
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    outputs = {}
+    for framework in ("jax", "torch"):
+        for beam in ("1", "3"):
+            code, out, err = run_translate(["--checkpoint", directory, "--input", source,
+                                           "--framework", framework, "--beam", beam,
+                                           "--max-len", "12", "--batch-size", "4"], capsys)
+            assert code == 0, err
+            assert len(out) == len(LINES)
+            assert out[0] == out[3]  # input order kept across sorted batches
+            assert out[LINES.index("")] == ""  # an empty line is not translated
+            assert "translated 6 sentences" in err
+            outputs[framework, beam] = out
+    assert outputs["jax", "1"] == outputs["torch", "1"]
+    assert outputs["jax", "3"] == outputs["torch", "3"]
+
+
+SAMPLE = ["--temperature", "0.9", "--top-p", "0.9", "--seed", "3"]
+
+
+@pytest.mark.parametrize("flags", [SAMPLE,
+                                   pytest.param(["--temperature", "0"], marks=pytest.mark.slow),
+                                   pytest.param(["--beam-size", "3"], marks=pytest.mark.slow)],
+                         ids=["sample", "greedy", "beam"])
+def test_both_frameworks_print_the_same_text(checkpoint, tmp_path, capsys, flags):
+    prompt_file = tmp_path / "prompts.txt"
+    prompt_file.write_text("\n".join(PROMPTS[1:]) + "\n")
+    outputs = {}
+    for framework in ("jax", "torch"):
+        code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
+                                       "--prompt-file", prompt_file, "--max-new-tokens", "12",
+                                       "--framework", framework, *flags], capsys)
+        assert code == 0, err
+        assert len(out) == len(PROMPTS) and all(out), out
+        outputs[framework] = out
+    assert outputs["jax"] == outputs["torch"]
+    if flags == SAMPLE:  # another seed, other text
+        code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
+                                       "--prompt-file", prompt_file, "--max-new-tokens", "12",
+                                       "--framework", "torch", *SAMPLE[:-1], "4"], capsys)
+        assert code == 0 and out != outputs["torch"]
