@@ -80,3 +80,26 @@ def test_the_readme_links_every_page_of_the_manual():
 def test_the_readme_links_lead_somewhere():
     broken = sorted(target for target in readme_links() if not (ROOT / target).exists())
     assert not broken, f"README.md links files that do not exist: {broken}"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The #anchors GitHub gives a file's headings (where the README is read): lower
+    case, punctuation dropped, each space a hyphen (mkdocs' differ: it folds '--')."""
+    anchors, fenced = set(), False
+    for line in markdown.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(r"#{1,6} ", line):
+            heading = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", heading).replace(" ", "-"))
+    return anchors
+
+
+def test_the_readme_anchors_exist():
+    readme = (ROOT / "README.md").read_text()
+    broken = []
+    for target, anchor in LINK.findall(readme):
+        if anchor and "://" not in target:
+            text = (ROOT / target).read_text() if target else readme
+            if anchor[1:] not in github_anchors(text):
+                broken.append(target + anchor)
+    assert not broken, f"README.md links headings that do not exist: {broken}"
