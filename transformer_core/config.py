@@ -46,7 +46,7 @@ class TransformerConfig:
     pad_id: int = _field(0, "padding token id")
     bos_id: int = _field(2, "first decoder input token (Marian starts with its pad id)")
     eos_id: int = _field(3, "end-of-sequence token id")
-    # Variants used by real checkpoints (docs: "The model and its variants").
+    # Variants used by real checkpoints (docs/model.md).
     pre_norm: bool = _field(False, "pre-LayerNorm, x + sublayer(LN(x)), instead of the "
                                    "paper's post-LN, LN(x + sublayer(x))")
     final_norm: bool = _field(False, "a LayerNorm after each stack (torch.nn.Transformer)")

@@ -12,8 +12,8 @@ and a resumed run draws the masks it would have drawn:
   on XLA:CPU) seeded with 128 bits of that key. Other masks from the same
   distribution: its bits may change with the backend or the XLA version (JAX
   documents rbg so), not from one step or one run to the next. Off by default
-  (switch.py): on XLA:CPU a training step was no faster with it (README,
-  Performance); on GPU, where threefry is hashed unrolled per element, it is
+  (switch.py): on XLA:CPU a training step was no faster with it
+  (docs/performance.md); on GPU, where threefry is hashed unrolled per element, it is
   the candidate to measure (`benchmarks/bench_train.py --frameworks jax
   jax_rbg_dropout`).
 
