@@ -25,11 +25,11 @@ class TranslateError(InputError):
 
 
 def load(checkpoint, framework: str):
-    """(model, tokenizer) from a checkpoint directory, or a clear error."""
+    """(model, tokenizer) from a checkpoint directory, or a clear error (the config's and
+    the weights' before the tokenizer's)."""
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise TranslateError(f"checkpoint directory {directory} does not exist")
-    tokenizer = checkpoint_dir.load_tokenizer(directory)
     if framework == "torch":
         import torch
 
@@ -39,6 +39,7 @@ def load(checkpoint, framework: str):
     else:
         from jax_transformer.model import Transformer
         model = Transformer.from_pretrained(directory)
+    tokenizer = checkpoint_dir.load_tokenizer(directory)
     tokenizer.check_fits(model.config)
     return model, tokenizer
 
