@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import bench_train, report
 
-import bench_train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
@@ -51,6 +50,7 @@ def test_bench_train_smoke(tmp_path):
                                rtol=0.1)
     assert rows["torch_eager"]["speedup_vs_torch_eager"] == 1.0
     assert "| peak RSS (MiB) |" in result["markdown"]
+    assert result["markdown"] in out.with_suffix(".md").read_text()
 
 
 def test_results_go_to_train_gpu_json_on_a_gpu():
@@ -58,21 +58,41 @@ def test_results_go_to_train_gpu_json_on_a_gpu():
     assert bench_train.default_results_path("cpu").name == "train.json"
 
 
-def test_markdown_table_labels_memory_by_what_was_measured():
-    row = {"framework": "jax", "compute_dtype": "bfloat16", "matmul_precision": "bf16",
-           "tokens_per_s": 1.0, "step_seconds": 1.0, "speedup_vs_torch_eager": None,
-           "achieved_flops_per_s": 1e12, "mfu": 0.5, "mfu_vs_reference_peak": 0.25,
-           "first_step_seconds": 1.0, "peak_rss_mib": 3000.0, "peak_device_mib": None}
-    result = {"matmul_peak": {"n": 8, "dtype": "bfloat16", "matmul_precision": "bf16",
-                              "median_flops_per_s": 2e12, "runs": [2e12]},
-              "flops": {"train_step": 1e12}, "errors": {}, "rows": [row],
-              "args": {"reference_peak_tflops": 4.0, "dtype": "bfloat16"},
-              "machine": {"devices": ["gpu: NVIDIA H100 80GB HBM3"]}}
-    table = bench_train.markdown_table(result)
-    assert "| peak RSS (MiB) |" in table and "| 3000 |" in table and "| 25.0% |" in table
-    row["peak_device_mib"] = 1234.0
-    table = bench_train.markdown_table(result)
-    assert "| peak device memory (MiB) |" in table and "| 1234 |" in table
+# ----------------------------------------------------------------------------- pages
+
+def assert_cells(page: str, *cells) -> None:
+    """Each of `cells` is a whole cell of one of the page's tables."""
+    missing = [cell for cell in cells if f"| {cell} |" not in page]
+    assert not missing, f"cells missing from the page: {missing}\n{page}"
+
+
+def train_result() -> dict:
+    row = {"framework": "jax", "dtype": "bfloat16", "device": "gpu: NVIDIA H100 80GB HBM3",
+           "compute_dtype": "bfloat16", "matmul_precision": "bf16 operands",
+           "tokens_per_s": 1234.4, "step_seconds": 0.5678, "step_cpu_seconds": 0.9123,
+           "speedup_vs_torch_eager": 2.0, "achieved_flops_per_s": 3.21e11, "mfu": 0.4321,
+           "mfu_vs_reference_peak": 0.0771, "first_step_seconds": 12.34,
+           "peak_rss_mib": 2345.6, "peak_device_mib": None}
+    return {"matmul_peak": {"n": 8, "dtype": "bfloat16", "matmul_precision": "bf16 operands",
+                            "median_flops_per_s": 7.654e11, "runs": [7.654e11]},
+            "flops": {"train_step": 2.9937e11}, "rows": [row],
+            "errors": {"torch_compile": "RuntimeError: no compiler"},
+            "args": {"reference_peak_tflops": 4.0, "dtype": "bfloat16", "batch_size": 48},
+            "machine": {"devices": ["gpu: NVIDIA H100 80GB HBM3"], "cpus": 16,
+                        "processor": "AMD EPYC 9454", "platform": "Linux-test",
+                        "torch_threads": 16, "load_average": [1.5, 1.25, 1.0],
+                        "python": "3.11.7", "jax": "0.10.2", "torch": "2.13.0",
+                        "XLA_FLAGS": "--xla_test_flag", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
+
+
+def test_train_page_labels_memory_by_what_was_measured():
+    result = train_result()
+    assert_cells(report.render_markdown(bench_train.describe(result), "x.json"),
+                 "peak RSS (MiB)", "2346")
+    result["rows"][0]["peak_device_mib"] = 4321.0
+    page = report.render_markdown(bench_train.describe(result), "x.json")
+    assert_cells(page, "peak device memory (MiB)", "4321")
+    assert "peak RSS" not in page
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
