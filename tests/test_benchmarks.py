@@ -113,6 +113,8 @@ def test_bench_corpus_smoke(tmp_path):
     # differs, so only roughly).
     np.testing.assert_allclose(rows["jax"]["losses"][0], rows["torch_eager"]["losses"][0],
                                rtol=0.05)
+    assert_cells(out.with_suffix(".md").read_text(), "jax", "torch_eager",
+                 f"{rows['jax']['steady_tgt_tokens_per_s']:,.0f}")
 
 
 
