@@ -161,4 +161,6 @@ def test_race_smoke(tmp_path):
         assert [point["step"] for point in side["dev_curve"]] == list(
             range(5, side["steps"] + 1, 5))
     assert out.with_suffix(".png").stat().st_size > 0
-    assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, two sides
+    page = out.with_suffix(".md").read_text()
+    for side in result["sides"].values():
+        assert_cells(page, side["what"], f"{side['steps']:,}", f"{side['dev_loss']:.3f}")
