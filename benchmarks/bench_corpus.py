@@ -17,13 +17,14 @@ Reported per framework: the batch shapes, how many programs XLA compiled and
 the seconds it took (JAX), the fraction of token slots that hold real tokens,
 and real (non-pad) target tokens per second, (a) over the first --steps steps
 counted from the start (compiling included: what a user waits for) and (b) in
-steady state (median over the last half of the steps).
+steady state (median over the last half of the steps). Results go to
+benchmarks/results/corpus_<backend>.json, with the markdown page beside it
+(corpus_<backend>.md; --render-only RESULTS_JSON renders it again from the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -35,6 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report, runner  # noqa: E402
+from benchmarks.report import Report, Table  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
@@ -44,18 +48,14 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=4096,
                    help="token slots per side of a batch (default: %(default)s)")
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-ff", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--dropout", type=float, default=0.1)
+    runner.add_model_args(p)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--steps", type=int, default=200, help="steps per framework")
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch"],
                    choices=("jax", "torch"))
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    p.add_argument("--out", default=None, help="JSON output (default: "
-                   "benchmarks/results/corpus_<backend>.json)")
+    report.add_output_args(p, "JSON results (default: "
+                              "benchmarks/results/corpus_<backend>.json)")
     return p.parse_args(argv)
 
 
@@ -75,6 +75,18 @@ def make_data(args, workdir: Path):
     return tokenizer, make_batches(splits, tokenizer, settings, seed=0)
 
 
+def run_steps(train_step, batches) -> tuple[list[float], list[int], list[float]]:
+    """Seconds, real target tokens and loss of each step; `train_step(batch)` returns
+    (loss, tokens) once the step is done."""
+    seconds, tokens, losses = [], [], []
+    for batch in batches:
+        step_seconds, (loss, step_tokens) = runner.timed(train_step, batch)
+        seconds.append(step_seconds)
+        tokens.append(step_tokens)
+        losses.append(loss)
+    return seconds, tokens, losses
+
+
 def throughput(step_seconds: list[float], step_tokens: list[int], started_to_first: float):
     """Real target tokens/s from the start (compiling included) and in steady state."""
     half = len(step_seconds) // 2
@@ -86,7 +98,6 @@ def throughput(step_seconds: list[float], step_tokens: list[int], started_to_fir
 
 
 def run_jax(args, config, batches, state_dict, shapes) -> dict:
-    import jax
     import jax.numpy as jnp
     from flax import nnx
 
@@ -107,17 +118,16 @@ def run_jax(args, config, batches, state_dict, shapes) -> dict:
     compiling.compile_ahead(trainer.programs(state, shapes), print)
     compiled = compiling.CompileCounter.since(before)
     to_first = time.perf_counter() - started
-    seconds, tokens, losses = [], [], []
-    for batch in batches:
-        start = time.perf_counter()
+
+    def train_step(batch):
+        nonlocal state
         state, metrics = trainer.train_step(state, trainer.shard_batch(batch))
-        losses.append(float(metrics["loss"]))  # waits for the step
-        seconds.append(time.perf_counter() - start)
-        tokens.append(int(metrics["tokens"]))
-    stats = jax.devices()[0].memory_stats() or {}
+        return float(metrics["loss"]), int(metrics["tokens"])  # waits for the step
+
+    seconds, tokens, losses = run_steps(train_step, batches)
     return {"framework": "jax", "compiled": compiled, "seconds_to_first_step": round(to_first, 2),
             **throughput(seconds, tokens, to_first), "losses": losses,
-            "peak_device_mib": stats.get("peak_bytes_in_use", 0) / 2 ** 20 or None}
+            "peak_device_mib": runner.jax_peak_device_mib() or None}
 
 
 def run_torch(args, config, batches, state_dict) -> dict:
@@ -135,22 +145,55 @@ def run_torch(args, config, batches, state_dict) -> dict:
     optimizer, scheduler = training.make_optimizer(model,
                                                    training.paper_schedule(config.d_model, 4000))
     to_first = time.perf_counter() - started
-    seconds, tokens, losses = [], [], []
-    for batch in batches:
-        batch = {k: torch.from_numpy(v.astype(np.int64)).to(device) for k, v in batch.items()}
-        start = time.perf_counter()
+
+    def train_step(batch):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
             metrics = training.train_step(model, optimizer, scheduler, [batch])
-        losses.append(float(metrics["loss"]))  # waits for the step
-        seconds.append(time.perf_counter() - start)
-        tokens.append(int(metrics["tokens"]))
+        return float(metrics["loss"]), int(metrics["tokens"])  # waits for the step
+
+    device_batches = ({k: torch.from_numpy(v.astype(np.int64)).to(device)  # one at a time
+                       for k, v in batch.items()} for batch in batches)
+    seconds, tokens, losses = run_steps(train_step, device_batches)
     return {"framework": "torch_eager", "seconds_to_first_step": round(to_first, 2),
             **throughput(seconds, tokens, to_first), "losses": losses,
             "peak_device_mib": (torch.cuda.max_memory_allocated() / 2 ** 20
                                 if device == "cuda" else None)}
 
 
+def describe(result: dict) -> Report:
+    """The page of a results dict: the batches' fill, then per framework its
+    compiling and its real target tokens/s."""
+    args, rows = result["args"], result["rows"]
+    table = [[r["framework"], f"{r['seconds_to_first_step']:.1f}",
+              f"{r['first_steps_tgt_tokens_per_s']:,.0f}", f"{r['steady_tgt_tokens_per_s']:,.0f}",
+              f"{r['median_step_seconds'] * 1e3:.0f}",
+              r["compiled"]["programs"] if "compiled" in r else "-",
+              f"{r['compiled']['compile_seconds']:.1f}" if "compiled" in r else "-",
+              f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}",
+              f"{r['peak_device_mib']:.0f}" if r["peak_device_mib"] else "-"] for r in rows]
+    host = result["host"]
+    return Report(
+        title="Training on natural sentence lengths: packing, compiling, real tokens/s",
+        script="benchmarks/bench_corpus.py",
+        notes=[f"Batch shapes {result['batch_shapes']}, {result['batches_per_epoch']} batches "
+               f"per epoch; {result['real_token_fraction']:.1%} of token slots hold real "
+               f"tokens ({result['tgt_real_fraction']:.1%} of the target side's); "
+               f"{result['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
+               f"({result['tgt_tokens_per_batch_of_max_tokens']:.0%} of --max-tokens)."],
+        tables=[Table(("framework", "to the first step (s)",
+                       f"real target tokens/s, first {args['steps']} steps",
+                       "real target tokens/s, steady", "median step (ms)",
+                       "programs compiled", "compile (s)", "loss, first -> last",
+                       "peak device memory (MiB)"), table, align="lrrrrrrrr")],
+        settings={k: v for k, v in args.items() if k not in ("out", "render_only")},
+        device=f"{result['backend']}: {result['device']}; {host['cpus']} CPUs "
+               f"({host['processor']}), {host['platform']}.",
+        versions=result["versions"])
+
+
 def main(argv=None) -> dict:
+    if (rendered := report.render_only(argv, describe)) is not None:
+        return rendered
     args = parse_args(argv)
     import jax
 
@@ -187,12 +230,12 @@ def main(argv=None) -> dict:
               "tgt_real_fraction": fill["tgt_real_fraction"],
               "tgt_tokens_per_batch": fill["tgt_tokens_per_batch"],
               "tgt_tokens_per_batch_of_max_tokens": fill["tgt_tokens_per_batch"] / args.max_tokens,
-              "rows": rows}
+              "rows": rows, "host": runner.host(),
+              "versions": {**runner.versions("jax", "flax", "torch"),
+                           "python": platform.python_version()}}
     out = Path(args.out or Path(__file__).parent / "results"
                / f"corpus_{jax.default_backend()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"saved {out}")
+    print(report.write_results(result, out, describe) + f"saved {out}")
     return result
 
 

@@ -12,7 +12,8 @@
                                       # RngBitGenerator (kernels/dropout.py)
 
 Results go to benchmarks/results/train.json, or train_gpu.json when JAX runs on
-a GPU. On a GPU both frameworks share it: JAX's preallocation of 75% of its
+a GPU, with the markdown page beside it (train.md, train_gpu.md; --render-only
+RESULTS_JSON renders it again from the JSON). On a GPU both frameworks share it: JAX's preallocation of 75% of its
 memory is turned off (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set), and
 torch_reference runs on CUDA, under torch.autocast(bfloat16) with --dtype
 bfloat16.
@@ -66,24 +67,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
-
-import numpy as np
 
 # Both frameworks share one GPU: JAX must not reserve 75% of it when it starts.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import report, runner, train_steps  # noqa: E402
+from benchmarks.report import Report, Table  # noqa: E402
 
-# ----------------------------------------------------------------------------- FLOPs
 
 def model_flops_per_step(c, batch_size: int, src_len: int, tgt_len: int) -> dict:
+    """Matmul FLOPs of a forward pass and of a training step (the docstring's formula)."""
     d, f, S, T = c.d_model, c.d_ff, src_len, tgt_len
     per_src = c.num_encoder_layers * (8 * d * d + 4 * S * d + 4 * d * f) \
         + c.num_decoder_layers * 4 * d * d
@@ -94,252 +94,6 @@ def model_flops_per_step(c, batch_size: int, src_len: int, tgt_len: int) -> dict
             "forward_per_src_token": per_src, "forward_per_tgt_token": per_tgt}
 
 
-def rss_mib() -> float:
-    """Peak RSS of this process. VmHWM, not ru_maxrss: Linux carries ru_maxrss over
-    fork + exec, so a subprocess would report its parent's peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def current_rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-
-# ----------------------------------------------------------------------------- set-up
-
-def make_config(args):
-    from transformer_core.config import TransformerConfig
-    return TransformerConfig(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
-                             d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff,
-                             num_encoder_layers=args.layers, num_decoder_layers=args.layers,
-                             dropout=args.dropout, max_len=max(512, args.src_len, args.tgt_len))
-
-
-def make_batches(args, config, count: int):
-    rng = np.random.RandomState(0)
-    batches = []
-    for _ in range(count):
-        src = rng.randint(4, config.src_vocab_size, (args.batch_size, args.src_len))
-        tgt = rng.randint(4, config.tgt_vocab_size, (args.batch_size, args.tgt_len + 1))
-        batches.append({"src": src.astype(np.int32), "tgt_in": tgt[:, :-1].astype(np.int32),
-                        "tgt_out": tgt[:, 1:].astype(np.int32)})
-    return batches
-
-
-# Rows of JAX with some kernels switched (jax_transformer.kernels.override): what
-# each kernel choice is worth, measured in the same run as the default "jax" row.
-JAX_VARIANTS = {
-    "jax": {},
-    "jax_autodiff_grads": {"linear": "plain"},  # autodiff's Linear backward (kernels/linear.py)
-    "jax_rbg_dropout": {"dropout_mask": "tuned"},  # masks from XLA's RngBitGenerator
-}
-
-# What a float32 matmul computes in, per backend and jax_default_matmul_precision
-# (jax.lax.Precision's documentation); unlisted settings: the backend's default.
-JAX_FLOAT32_MATMUL = {
-    "cpu": {None: "float32"},
-    "gpu": {None: "TF32 (NVIDIA Ampere and later; else float32)", "highest": "float32",
-            "float32": "float32", "bfloat16": "bfloat16"},
-    "tpu": {None: "1 bfloat16 pass", "high": "3 bfloat16 passes",
-            "bfloat16_3x": "3 bfloat16 passes", "highest": "float32",
-            "float32": "float32"},
-}
-
-
-def jax_numerics(dtype: str) -> dict:
-    """The device, compute dtype and matmul precision JAX runs the step with."""
-    import jax
-    backend, device = jax.default_backend(), jax.devices()[0]
-    setting = jax.config.jax_default_matmul_precision
-    table = JAX_FLOAT32_MATMUL.get(backend, {})
-    float32_matmul = table.get(setting, table.get(None, "unknown"))
-    matmuls = "bfloat16 operands, float32 accumulation" if dtype == "bfloat16" \
-        else float32_matmul
-    return {"device": f"{backend}: {_cpu_name() if backend == 'cpu' else device.device_kind}",
-            "compute_dtype": dtype,
-            "matmul_precision": f"{matmuls} (jax_default_matmul_precision="
-                                f"{setting or 'default'})"}
-
-
-class JaxRunner:
-    """The Flax model's training step, with the kernel overrides of JAX_VARIANTS[name]
-    (e.g. "jax_autodiff_grads": the plain Linear kernel, whose backward is JAX
-    autodiff's in XLA's default layout; measures what the tuned Linear buys)."""
-
-    def __init__(self, args, config, state_dict, name: str = "jax"):
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from jax_transformer import kernels
-        from jax_transformer.model import Transformer
-        from jax_transformer.pretrained import load_torch_state_dict
-        from jax_transformer.train import step as training
-
-        self.jax = jax
-        dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
-        model = Transformer(config, rngs=nnx.Rngs(0), dtype=dtype)
-        if state_dict is not None:
-            load_torch_state_dict(model, state_dict)
-        optimizer = training.make_optimizer(
-            training.paper_schedule(config.d_model, args.warmup_steps), args.clip_norm)
-        self.trainer = training.Trainer(model, optimizer, args.label_smoothing)
-        self.state = self.trainer.initial_state
-        self.name = name
-        # jit traces on the first step, so overriding during steps is overriding the trace.
-        self.trace_context = lambda: kernels.override(**JAX_VARIANTS[name])
-        self.numerics = jax_numerics(args.dtype)
-
-    def prepare(self, batch):
-        return self.trainer.shard_batch(batch)
-
-    def peak_memory_mib(self):
-        stats = self.jax.devices()[0].memory_stats()  # None on CPU
-        return stats["peak_bytes_in_use"] / 2 ** 20 if stats and "peak_bytes_in_use" in stats \
-            else None
-
-    def step(self, batch) -> float:
-        with self.trace_context():
-            start = time.perf_counter()
-            self.state, metrics = self.trainer.train_step(self.state, batch)
-            loss = float(metrics["loss"])  # waits for the step
-            return time.perf_counter() - start, loss
-
-
-class TorchRunner:
-    def __init__(self, args, config, state_dict, compiled: bool):
-        import torch
-
-        import torch_reference
-        from torch_reference import training
-
-        self.torch, self.training = torch, training
-        self.name = "torch_compile" if compiled else "torch_eager"
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = torch_reference.Transformer(config).train()
-        if state_dict is not None:
-            self.model.load_state_dict({k: torch.from_numpy(v) for k, v in state_dict.items()})
-        self.model.to(self.device)
-        self.optimizer, self.scheduler = training.make_optimizer(
-            self.model, training.paper_schedule(config.d_model, args.warmup_steps))
-        self.forward_model = torch.compile(self.model) if compiled else self.model
-        self.autocast = args.dtype == "bfloat16"
-        self.args = args
-        self.numerics = self.describe_numerics()
-
-    def describe_numerics(self) -> dict:
-        """The device, compute dtype and matmul precision the step runs with."""
-        torch = self.torch
-        device = torch.cuda.get_device_name() if self.device == "cuda" else _cpu_name()
-        float32_matmuls = ("TF32" if torch.backends.cuda.matmul.allow_tf32 else "float32") \
-            if self.device == "cuda" else "float32"
-        settings = (f"allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
-                    f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
-        if self.autocast:
-            return {"device": f"{self.device}: {device}",
-                    "compute_dtype": "bfloat16 (torch.autocast; float32 parameters)",
-                    "matmul_precision": f"bfloat16 under autocast; float32 matmuls: "
-                                        f"{float32_matmuls} ({settings})"}
-        return {"device": f"{self.device}: {device}", "compute_dtype": "float32",
-                "matmul_precision": f"{float32_matmuls} ({settings})"}
-
-    def prepare(self, batch):
-        return {k: self.torch.from_numpy(v.astype(np.int64)).to(self.device)
-                for k, v in batch.items()}
-
-    def step(self, batch):
-        torch = self.torch
-        start = time.perf_counter()
-        with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast):
-            # torch.compile's module forwards .config and .parameters() to the original.
-            metrics = self.training.train_step(self.forward_model, self.optimizer, self.scheduler, [batch],
-                                               self.args.label_smoothing, self.args.clip_norm)
-        loss = float(metrics["loss"])  # waits for the step (GPU too)
-        return time.perf_counter() - start, loss
-
-    def peak_memory_mib(self):
-        if self.device == "cuda":
-            return self.torch.cuda.max_memory_allocated() / 2 ** 20
-        return None
-
-
-def make_runner(name, args, config, state_dict):
-    if name in JAX_VARIANTS:
-        return JaxRunner(args, config, state_dict, name)
-    return TorchRunner(args, config, state_dict, compiled=(name == "torch_compile"))
-
-
-class MatmulPeak:
-    """A jit'd N x N @ N x N matmul in JAX: 2 N^3 FLOPs per call."""
-
-    def __init__(self, n: int, dtype: str):
-        import jax
-        import jax.numpy as jnp
-        self.jax, self.n = jax, n
-        key_a, key_b = jax.random.split(jax.random.key(0))
-        dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-        self.a = jax.random.normal(key_a, (n, n), dt)
-        self.b = jax.random.normal(key_b, (n, n), dt)
-        self.matmul = jax.jit(lambda a, b: a @ b)
-        self.matmul(self.a, self.b).block_until_ready()
-
-    def measure(self, repeats: int = 3) -> float:
-        """FLOP/s of the fastest of `repeats` calls (a peak, not an average)."""
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            self.matmul(self.a, self.b).block_until_ready()
-            best = min(best, time.perf_counter() - start)
-        return 2 * self.n ** 3 / best
-
-
-def set_torch_options(args):
-    import torch
-    torch.set_num_threads(args.threads)
-    if args.torch_tf32:
-        torch.set_float32_matmul_precision("high")  # TF32 for float32 matmuls on CUDA
-
-
-# ----------------------------------------------------------------------------- memory probe
-
-def memory_probe(args, framework: str) -> dict:
-    """Run in a fresh subprocess: peak RSS (and device memory, on a GPU) of one
-    framework's training steps."""
-    import jax  # noqa: F401  (both frameworks' libraries are imported in both probes)
-    import torch  # noqa: F401
-    set_torch_options(args)
-    base = current_rss_mib()
-    config = make_config(args)
-    runner = make_runner(framework, args, config, None)
-    batches = [runner.prepare(b) for b in make_batches(args, config, 3)]
-    for i in range(1 + args.warmup):
-        runner.step(batches[i % len(batches)])
-    return {"peak_rss_mib": rss_mib(), "base_rss_mib": base,
-            "peak_device_mib": runner.peak_memory_mib()}
-
-
-def run_memory_probe(args, framework: str) -> dict:
-    cmd = [sys.executable, __file__, "--memory-probe", framework, *sys.argv[1:]]
-    # strip any --out so the probe never writes results
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-    except Exception as e:  # report, don't fail the benchmark
-        return {"error": f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[-500:]}
-
-
-# ----------------------------------------------------------------------------- main
-
-FRAMEWORKS = [*JAX_VARIANTS, "torch_eager", "torch_compile"]
-
-
 def default_results_path(backend: str) -> Path:
     return Path(__file__).parent / "results" / ("train_gpu.json" if backend == "gpu"
                                                 else "train.json")
@@ -347,15 +101,11 @@ def default_results_path(backend: str) -> Path:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--d-ff", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
+    runner.add_model_args(p)
     p.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--src-len", type=int, default=32)
     p.add_argument("--tgt-len", type=int, default=32)
-    p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=None)
     p.add_argument("--warmup-steps", type=int, default=4000, help="learning-rate warm-up")
@@ -363,7 +113,7 @@ def parse_args(argv=None):
                    help="compute dtype (parameters and optimizer stay float32); torch "
                         "uses autocast")
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch_eager", "torch_compile"],
-                   choices=FRAMEWORKS,
+                   choices=train_steps.FRAMEWORKS,
                    help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
                         "baseline for jax_transformer/kernels/linear.py); jax_rbg_dropout: "
                         "JAX with dropout masks from XLA's RngBitGenerator "
@@ -386,105 +136,130 @@ def parse_args(argv=None):
                    help="torch.set_float32_matmul_precision('high'): TF32 for torch's float32 "
                         "matmuls on CUDA, as JAX's default precision uses there")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    p.add_argument("--memory-probe", choices=FRAMEWORKS,
-                   help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None,
-                   help="JSON results (default benchmarks/results/train.json, or "
-                        "train_gpu.json when JAX runs on a GPU)")
+    p.add_argument("--memory-probe", choices=train_steps.FRAMEWORKS, help=argparse.SUPPRESS)
+    report.add_output_args(p, "JSON results (default benchmarks/results/train.json, or "
+                              "train_gpu.json when JAX runs on a GPU)")
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.memory_probe:
-        print(json.dumps(memory_probe(args, args.memory_probe)))
-        return
+# ----------------------------------------------------------------------------- memory probe
 
-    import jax
-    import torch
+def memory_probe(args, framework: str) -> dict:
+    """Run in a fresh subprocess: peak RSS (and device memory, on a GPU) of one
+    framework's training steps."""
+    import jax  # noqa: F401  (both frameworks' libraries are imported in both probes)
+    import torch  # noqa: F401
+    train_steps.set_torch_options(args)
+    base = runner.current_rss_mib()
+    config = train_steps.make_config(args)
+    contender = train_steps.make_runner(framework, args, config, None)
+    batches = [contender.prepare(b) for b in train_steps.make_batches(args, config, 3)]
+    for i in range(1 + args.warmup):
+        contender.step(batches[i % len(batches)])
+    return {"peak_rss_mib": runner.peak_rss_mib(), "base_rss_mib": base,
+            "peak_device_mib": contender.peak_memory_mib()}
 
-    from jax_transformer.model import Transformer
-    from jax_transformer.pretrained import to_torch_state_dict
-    from flax import nnx
 
-    set_torch_options(args)
-    config = make_config(args)
-    flops = model_flops_per_step(config, args.batch_size, args.src_len, args.tgt_len)
-    state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
-    host_batches = make_batches(args, config, 4)
-    on_gpu = jax.default_backend() == "gpu"
-    if args.matmul_size is None:
-        args.matmul_size = 8192 if on_gpu else 2048
-    if args.out is None:
-        args.out = str(default_results_path(jax.default_backend()))
-    peak = MatmulPeak(args.matmul_size, args.dtype)
+def run_memory_probe(flags: list[str], framework: str) -> dict:
+    """memory_probe in a subprocess, with this run's flags (a probe prints, never writes)."""
+    cmd = [sys.executable, __file__, "--memory-probe", framework, *flags]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=1800)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except Exception as e:  # report, don't fail the benchmark
+        return {"error": f"{type(e).__name__}: {getattr(e, 'stderr', '') or e}"[-500:]}
 
-    runners, first, errors = {}, {}, {}
+
+# ----------------------------------------------------------------------------- timing
+
+def first_steps(args, config, state_dict) -> tuple[dict, dict, dict]:
+    """Each framework's (runner, device batches), its first step's seconds (for JAX,
+    compiling included), and the errors of frameworks that failed (not fatal)."""
+    host_batches = train_steps.make_batches(args, config, 4)
+    contenders, first, errors = {}, {}, {}
     for name in args.frameworks:
         try:
-            runner = make_runner(name, args, config, state_dict)
-            batches = [runner.prepare(b) for b in host_batches]
-            first[name] = runner.step(batches[0])[0]
-            runners[name] = (runner, batches)
+            contender = train_steps.make_runner(name, args, config, state_dict)
+            batches = [contender.prepare(b) for b in host_batches]
+            first[name] = contender.step(batches[0])[0]
+            contenders[name] = (contender, batches)
         except Exception as e:  # e.g. torch.compile without a working compiler
             errors[name] = f"{type(e).__name__}: {e}"[:500]
             print(f"{name}: failed: {errors[name]}", file=sys.stderr, flush=True)
         print(f"{name}: first step {first.get(name, float('nan')):.2f}s", file=sys.stderr,
               flush=True)
+    return contenders, first, errors
+
+
+def timed_step(contender, batches, pause: float, i: int) -> dict:
+    time.sleep(pause)  # let the other framework's worker threads go idle
+    cpu_start = time.process_time()
+    seconds, loss = contender.step(batches[i % len(batches)])
+    # the CPU time of this process's threads: on a shared CPU machine, less disturbed
+    # by other processes than the wall clock
+    return {"seconds": seconds, "cpu_seconds": time.process_time() - cpu_start, "loss": loss}
+
+
+def print_round(i: int, results: dict[str, list]) -> None:
+    steps = "  ".join(f"{name} {records[-1]['seconds']:.3f}s"
+                      for name, records in results.items() if name != "matmul_peak")
+    print(f"round {i}: {steps}  matmul {results['matmul_peak'][-1] / 1e9:.0f} GFLOP/s",
+          file=sys.stderr, flush=True)
+
+
+def timed_rounds(args, contenders: dict, peak: runner.MatmulPeak) -> dict[str, list]:
+    """--warmup untimed rounds, then --steps timed ones, one step per framework each,
+    alternating. Returns each framework's timed_step records and, under "matmul_peak",
+    the matmul's FLOP/s, measured once per timed round."""
     # Warm-up rounds alternate like the timed ones and come after every first step,
     # so that work a compiler leaves running (torch.compile's worker processes) is
     # over before timing starts.
-    for i in range(args.warmup):
-        for name, (runner, batches) in runners.items():
-            runner.step(batches[(i + 1) % len(batches)])
+    runner.alternate({name: lambda i, c=contender, b=batches: c.step(b[(i + 1) % len(b)])
+                      for name, (contender, batches) in contenders.items()}, args.warmup)
+    calls = {"matmul_peak": lambda i: peak.measure(),
+             **{name: partial(timed_step, contender, batches, args.pause)
+                for name, (contender, batches) in contenders.items()}}
+    return runner.alternate(calls, args.steps, after_round=print_round)
 
-    times = {name: [] for name in runners}
-    cpu_times = {name: [] for name in runners}
-    losses = {name: [] for name in runners}
-    peaks = []
-    for i in range(args.steps):
-        peaks.append(peak.measure())
-        for name, (runner, batches) in runners.items():
-            time.sleep(args.pause)  # let the other framework's worker threads go idle
-            cpu_start = time.process_time()
-            seconds, loss = runner.step(batches[i % len(batches)])
-            cpu_times[name].append(time.process_time() - cpu_start)
-            times[name].append(seconds)
-            losses[name].append(loss)
-        print(f"round {i}: " + "  ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items())
-              + f"  matmul {peaks[-1] / 1e9:.0f} GFLOP/s", file=sys.stderr, flush=True)
-    peak_flops = statistics.median(peaks)
 
-    memory = {}
-    if not args.no_memory:
-        for name in runners:
-            memory[name] = run_memory_probe(args, name)
+# ----------------------------------------------------------------------------- results
 
+def make_rows(args, flops: dict, contenders: dict, first: dict, timings: dict,
+              memory: dict, peak_flops: float) -> list[dict]:
     rows = []
-    for name in runners:
-        seconds = statistics.median(times[name])
+    for name, (contender, _) in contenders.items():
+        times = [record["seconds"] for record in timings[name]]
+        cpu_times = [record["cpu_seconds"] for record in timings[name]]
+        seconds = statistics.median(times)
         achieved = flops["train_step"] / seconds
+        probe = memory.get(name, {})
         rows.append({
-            "framework": name, "dtype": args.dtype, **runners[name][0].numerics,
+            "framework": name, "dtype": args.dtype, **contender.numerics,
             "step_seconds": seconds, "tokens_per_s": args.batch_size * args.tgt_len / seconds,
             "model_flops_per_step": flops["train_step"], "achieved_flops_per_s": achieved,
             "mfu": achieved / peak_flops, "first_step_seconds": first[name],
-            "peak_rss_mib": memory.get(name, {}).get("peak_rss_mib"),
-            "peak_device_mib": memory.get(name, {}).get("peak_device_mib"),
+            "peak_rss_mib": probe.get("peak_rss_mib"),
+            "peak_device_mib": probe.get("peak_device_mib"),
             "mfu_vs_reference_peak": (achieved / (args.reference_peak_tflops * 1e12)
                                       if args.reference_peak_tflops else None),
-            "base_rss_mib": memory.get(name, {}).get("base_rss_mib"),
-            "step_times": times[name], "losses": losses[name],
-            # this process's CPU time per step (all its threads): on a shared CPU
-            # machine, less disturbed by other processes than the wall clock
-            "step_cpu_seconds": statistics.median(cpu_times[name]),
-            "step_cpu_times": cpu_times[name],
+            "base_rss_mib": probe.get("base_rss_mib"),
+            "step_times": times, "losses": [record["loss"] for record in timings[name]],
+            "step_cpu_seconds": statistics.median(cpu_times), "step_cpu_times": cpu_times,
         })
     eager = next((r for r in rows if r["framework"] == "torch_eager"), None)
     for r in rows:
         r["speedup_vs_torch_eager"] = eager and eager["step_seconds"] / r["step_seconds"]
+    return rows
 
-    result = {
+
+def make_result(args, config, contenders, first, errors, timings, memory) -> dict:
+    import jax
+    import torch
+    flops = model_flops_per_step(config, args.batch_size, args.src_len, args.tgt_len)
+    peaks = timings["matmul_peak"]
+    peak_flops = statistics.median(peaks)
+    rows = make_rows(args, flops, contenders, first, timings, memory, peak_flops)
+    return {
         "config": {k: getattr(config, k) for k in ("d_model", "num_heads", "d_ff",
                                                    "num_encoder_layers", "num_decoder_layers",
                                                    "src_vocab_size", "dropout")},
@@ -493,11 +268,11 @@ def main(argv=None):
         "args": vars(args),
         "flops": flops,
         "matmul_peak": {"n": args.matmul_size, "dtype": args.dtype,
-                        "matmul_precision": jax_numerics(args.dtype)["matmul_precision"],
+                        "matmul_precision":
+                            train_steps.jax_numerics(args.dtype)["matmul_precision"],
                         "median_flops_per_s": peak_flops, "runs": peaks},
         "rows": rows, "errors": errors, "memory_probes": memory,
-        "machine": {"platform": platform.platform(), "processor": _cpu_name(),
-                    "cpus": os.cpu_count(), "python": platform.python_version(),
+        "machine": {**runner.host(), "python": sys.version.split()[0],
                     "jax": jax.__version__, "jax_backend": jax.default_backend(),
                     "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                     "devices": sorted({r["device"] for r in rows}),
@@ -506,54 +281,93 @@ def main(argv=None):
                         os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
                     "load_average": os.getloadavg()},
     }
-    table = markdown_table(result)
-    print(table)
-    result["markdown"] = table
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+# ----------------------------------------------------------------------------- the page
 
-
-def markdown_table(result) -> str:
-    peak, rows = result["matmul_peak"], result["rows"]
-    ref = result["args"].get("reference_peak_tflops")
+def describe(result: dict) -> Report:
+    """The page of a results dict. Rows written before they recorded their device and
+    numerics (the committed train.json) read "not recorded" there."""
+    peak, rows, args, machine = (result["matmul_peak"], result["rows"], result["args"],
+                                 result["machine"])
+    ref = args.get("reference_peak_tflops")
+    cpu_times = any("step_cpu_seconds" in r for r in rows)
     # Peak device memory where a device reports it (GPU); else the process's peak RSS.
     on_device = any(r["peak_device_mib"] for r in rows)
     memory_key, memory_label = ("peak_device_mib", "peak device memory (MiB)") if on_device \
         else ("peak_rss_mib", "peak RSS (MiB)")
-    lines = [
-        f"Devices: {'; '.join(result['machine']['devices'])}. Matmul peak ({peak['n']}^3, "
-        f"{peak['dtype']}, {peak['matmul_precision']}, JAX, median of {len(peak['runs'])}): "
-        f"{peak['median_flops_per_s'] / 1e9:.1f} GFLOP/s. "
-        f"Model FLOPs per training step: {result['flops']['train_step'] / 1e9:.1f} G.",
-        "",
-        "| framework | compute dtype | matmul precision | tokens/s | step (ms) | vs torch eager "
-        f"| GFLOP/s | MFU |{f' MFU vs {ref:g} TFLOP/s |' if ref else ''} first step (s) "
-        f"| {memory_label} |",
-        "|---|---|---|---:|---:|---:|---:|---:|" + ("---:|" if ref else "") + "---:|---:|",
-    ]
+    devices = machine.get("devices") or [f"{machine['jax_backend']}: {machine['processor']}"]
+    precision = f"{peak['matmul_precision']}, " if "matmul_precision" in peak else ""
+    header = ["framework", "compute dtype", "matmul precision", "tokens/s", "step (ms)",
+              *(["step CPU time (ms)"] if cpu_times else []), "vs torch eager", "GFLOP/s",
+              "MFU", *([f"MFU vs {ref:g} TFLOP/s"] if ref else []), "first step (s)",
+              memory_label]
+    table = []
     for r in rows:
         speed = f"{r['speedup_vs_torch_eager']:.2f}x" if r["speedup_vs_torch_eager"] else "-"
-        memory = f"{r[memory_key]:.0f}" if r[memory_key] else "-"
-        vs_ref = f" {r['mfu_vs_reference_peak'] * 100:.1f}% |" if ref else ""
-        lines.append(
-            f"| {r['framework']} | {r['compute_dtype']} | {r['matmul_precision']} "
-            f"| {r['tokens_per_s']:.0f} | {r['step_seconds'] * 1e3:.0f} | {speed} "
-            f"| {r['achieved_flops_per_s'] / 1e9:.1f} | {r['mfu'] * 100:.1f}% |{vs_ref} "
-            f"{r['first_step_seconds']:.1f} | {memory} |")
+        table.append([
+            r["framework"], r.get("compute_dtype", r["dtype"]),
+            r.get("matmul_precision", "not recorded"), f"{r['tokens_per_s']:.0f}",
+            f"{r['step_seconds'] * 1e3:.0f}",
+            *([f"{r['step_cpu_seconds'] * 1e3:.0f}"] if cpu_times else []), speed,
+            f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['mfu'] * 100:.1f}%",
+            *([f"{r['mfu_vs_reference_peak'] * 100:.1f}%"] if ref else []),
+            f"{r['first_step_seconds']:.1f}",
+            f"{r[memory_key]:.0f}" if r[memory_key] else "-"])
     for name, err in result["errors"].items():
-        lines.append(f"| {name} | {result['args']['dtype']} | failed: {err[:80]} |")
-    return "\n".join(lines)
+        table.append([name, args["dtype"], f"failed: {err[:80]}",
+                      *["-"] * (len(header) - 3)])
+    environment = ", ".join(f"{k}={machine[k]}" for k in ("XLA_FLAGS",
+                                                          "XLA_PYTHON_CLIENT_PREALLOCATE")
+                            if machine.get(k))
+    return Report(
+        title="Training step: throughput and MFU, JAX vs torch_reference",
+        script="benchmarks/bench_train.py",
+        notes=[f"Devices: {'; '.join(devices)}. Matmul peak ({peak['n']}^3, {peak['dtype']}, "
+               f"{precision}JAX, median of {len(peak['runs'])}): "
+               f"{peak['median_flops_per_s'] / 1e9:.1f} GFLOP/s. "
+               f"Model FLOPs per training step: {result['flops']['train_step'] / 1e9:.1f} G."],
+        tables=[Table(header, table, align="lll" + "r" * (len(header) - 3))],
+        settings={k: v for k, v in args.items()
+                  if k not in ("out", "render_only", "memory_probe")},
+        device=(f"{'; '.join(devices)}; {machine['cpus']} CPUs ({machine['processor']}), "
+                f"{machine['platform']}; torch threads {machine['torch_threads']}; load "
+                "average (1, 5, 15 min) at the end "
+                + " ".join(f"{x:.2f}" for x in machine["load_average"])
+                + (f"; {environment}" if environment else "") + "."),
+        versions={k: machine[k] for k in ("python", "jax", "torch")})
+
+
+def main(argv=None):
+    if report.render_only(argv, describe) is not None:
+        return
+    args = parse_args(argv)
+    if args.memory_probe:
+        print(json.dumps(memory_probe(args, args.memory_probe)))
+        return
+
+    import jax
+    from flax import nnx
+
+    from jax_transformer.model import Transformer
+    from jax_transformer.pretrained import to_torch_state_dict
+
+    train_steps.set_torch_options(args)
+    config = train_steps.make_config(args)
+    state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
+    backend = jax.default_backend()
+    args.matmul_size = args.matmul_size or (8192 if backend == "gpu" else 2048)
+    args.out = args.out or str(default_results_path(backend))
+    peak = runner.MatmulPeak(args.matmul_size, args.dtype)
+    contenders, first, errors = first_steps(args, config, state_dict)
+    timings = timed_rounds(args, contenders, peak)
+    flags = sys.argv[1:] if argv is None else list(argv)
+    memory = {} if args.no_memory else {name: run_memory_probe(flags, name)
+                                        for name in contenders}
+    result = make_result(args, config, contenders, first, errors, timings, memory)
+    result["markdown"] = describe(result).figures()
+    print(report.write_results(result, args.out, describe))
+
 
 if __name__ == "__main__":
     main()

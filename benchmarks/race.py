@@ -35,15 +35,16 @@ from the start to the end of the first step, compile seconds, test BLEU and
 chrF, final dev loss, and peak memory: on CUDA the allocator's peak bytes in
 use during training (JAX's peak_bytes_in_use, torch's max_memory_allocated), on
 CPU the side's process peak RSS over its whole run. Writes JSON (default
-benchmarks/results/race_<device>.json), the same name with .md (the table,
-also printed) and .png (dev loss against wall time for both sides).
+benchmarks/results/race_<device>.json), the same name with .md (the markdown
+page, also printed; --render-only RESULTS_JSON renders it again from the JSON)
+and .png (dev loss against wall time for both sides). The peer's code is in
+race_peer.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
-import importlib.metadata
 import json
 import os
 import platform
@@ -55,21 +56,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jax_transformer.data.batching import train_tokenizer  # noqa: E402
-from jax_transformer.data.corpora import holdout_split, read_parallel_text  # noqa: E402
+from benchmarks import report, runner  # noqa: E402
+from benchmarks.race_peer import LABEL_SMOOTHING, PEER_TOKENIZER_FILE, run_peer  # noqa: E402
+from benchmarks.report import Report, Table  # noqa: E402
 from transformer_core.checkpoint_dir import TOKENIZER_FILE  # noqa: E402
-from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 SIDES = ("ours", "peer")
-LABEL_SMOOTHING = 0.1
-TRAIN_SEED = 0  # train.py's default --seed: the order in which its tokenizer sees the pairs
-IGNORED_LABEL = -100  # torch's cross_entropy ignore_index
-PEER_TOKENIZER_FILE = "peer-tokenizer.model"
 OURS_DIR = "ours"  # train.py's --workdir inside the race's
 
 
@@ -87,11 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     g = p.add_argument_group("model and training, the same on both sides (default: the "
                              "paper's base model)")
-    g.add_argument("--d-model", type=int, default=512)
-    g.add_argument("--heads", type=int, default=8)
-    g.add_argument("--d-ff", type=int, default=2048)
-    g.add_argument("--layers", type=int, default=6)
-    g.add_argument("--dropout", type=float, default=0.1)
+    runner.add_model_args(g)
     g.add_argument("--vocab-size", type=int, default=16000, help="joint BPE vocabulary")
     g.add_argument("--max-len", type=int, default=256, help="longer pairs are skipped")
     g.add_argument("--max-tokens", type=int, default=16384,
@@ -103,19 +94,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "a fresh one in the work directory, i.e. a cold first run)")
     p.add_argument("--workdir", type=Path, help="kept afterwards; must not exist yet (default: "
                    "a temporary directory, removed)")
-    p.add_argument("--out", type=Path, help="JSON output; the table and plot go next to it "
-                   "(default: benchmarks/results/race_<device>.json)")
+    report.add_output_args(p, "JSON output (default: benchmarks/results/race_<device>.json); "
+                              "the dev-loss plot goes beside it, same name with .png",
+                           type=Path)
     args = p.parse_args(argv)
     if args.time_budget <= 0:
         p.error("--time-budget must be positive")
     if args.workdir is not None and args.workdir.exists():
         p.error(f"--workdir {args.workdir} exists; the race needs a fresh one")
     return args
-
-
-def peak_rss_bytes(who: int) -> int:
-    """Peak resident set size of this process (RUSAGE_SELF) or its waited-for children."""
-    return resource.getrusage(who).ru_maxrss * 1024  # Linux reports KiB
 
 
 # ----------------------------------------------------------------------------- ours
@@ -169,222 +156,45 @@ def run_ours(args, workdir: Path) -> dict:
             "bleu": results["test"]["bleu"], "chrf": results["test"]["chrf"],
             "dev_loss": results["dev"]["loss"], "dev_curve": dev_curve,
             "peak_memory_bytes": (training["peak_device_memory_bytes"] if args.device == "cuda"
-                                  else peak_rss_bytes(resource.RUSAGE_CHILDREN)),
+                                  else runner.peak_rss_bytes(resource.RUSAGE_CHILDREN)),
             "wall_seconds": round(wall, 1), "log": str(log_path)}
-
-
-# ----------------------------------------------------------------------------- the peer
-
-def encode(tokenizer, pairs, max_len: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Piece ids with eos appended; pairs with a side over `max_len` tokens are skipped."""
-    src, tgt = [], []
-    for s, t in pairs:
-        s_ids, t_ids = tokenizer.encode(s) + [EOS_ID], tokenizer.encode(t) + [EOS_ID]
-        if max(len(s_ids), len(t_ids)) <= max_len:
-            src.append(s_ids)
-            tgt.append(t_ids)
-    return src, tgt
-
-
-def token_budget_batches(src, tgt, max_tokens: int) -> list[list[int]]:
-    """Pair indices sorted by length, cut into batches of at most `max_tokens` padded
-    token slots per side (rows x longest sentence)."""
-    order = sorted(range(len(src)), key=lambda i: (len(tgt[i]), len(src[i])))
-    batches, batch, width = [], [], 0
-    for i in order:
-        length = max(len(src[i]), len(tgt[i]))
-        if batch and max(width, length) * (len(batch) + 1) > max_tokens:
-            batches.append(batch)
-            batch, width = [], 0
-        batch.append(i)
-        width = max(width, length)
-    batches.append(batch)
-    return batches
-
-
-def peer_batch(indices, src, tgt):
-    """Marian's inputs (source ids and mask, decoder input: bos + target) and the labels
-    (target), as CPU tensors."""
-    import torch
-    rows, src_len, tgt_len = len(indices), max(len(src[i]) for i in indices), max(
-        len(tgt[i]) for i in indices)
-    input_ids = torch.full((rows, src_len), PAD_ID, dtype=torch.long)
-    decoder_input_ids = torch.full((rows, tgt_len), PAD_ID, dtype=torch.long)
-    labels = torch.full((rows, tgt_len), IGNORED_LABEL, dtype=torch.long)
-    for row, i in enumerate(indices):
-        input_ids[row, :len(src[i])] = torch.tensor(src[i])
-        decoder_input_ids[row, :len(tgt[i])] = torch.tensor([BOS_ID] + tgt[i][:-1])
-        labels[row, :len(tgt[i])] = torch.tensor(tgt[i])
-    return {"input_ids": input_ids, "attention_mask": input_ids != PAD_ID,
-            "decoder_input_ids": decoder_input_ids}, labels
-
-
-def to_device(batch, device):
-    inputs, labels = batch
-    return {k: v.to(device) for k, v in inputs.items()}, labels.to(device)
-
-
-def smoothed_loss_sum(logits, labels):
-    """Label-smoothed cross-entropy summed over real target tokens."""
-    import torch.nn.functional as F
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
-                           ignore_index=IGNORED_LABEL, label_smoothing=LABEL_SMOOTHING,
-                           reduction="sum")
-
-
-def real_tokens(labels) -> int:
-    return int((labels != IGNORED_LABEL).sum())
-
-
-def peer_dev_loss(model, batches, autocast) -> float:
-    import torch
-    model.eval()
-    loss_sum, tokens = 0.0, 0
-    with torch.no_grad(), autocast():
-        for inputs, labels in batches:
-            loss = smoothed_loss_sum(model(**inputs).logits, labels)
-            loss_sum, tokens = loss_sum + float(loss), tokens + real_tokens(labels)
-    model.train()
-    return loss_sum / tokens
-
-
-def peer_translate(model, tokenizer, sources, args, device, autocast) -> list[str]:
-    """Greedy translations with `generate(num_beams=1)`, sources sorted by length."""
-    import torch
-    ids = []
-    for s in sources:
-        s_ids = tokenizer.encode(s) + [EOS_ID]
-        ids.append(s_ids if len(s_ids) <= args.max_len else s_ids[:args.max_len - 1] + [EOS_ID])
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    translations = [""] * len(ids)
-    model.eval()
-    for start in range(0, len(order), args.decode_batch_size):
-        batch = order[start:start + args.decode_batch_size]
-        width = max(len(ids[i]) for i in batch)
-        input_ids = torch.full((len(batch), width), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(batch):
-            input_ids[row, :len(ids[i])] = torch.tensor(ids[i])
-        with torch.no_grad(), autocast():
-            out = model.generate(input_ids=input_ids.to(device),
-                                 attention_mask=(input_ids != PAD_ID).to(device), num_beams=1,
-                                 do_sample=False,
-                                 max_new_tokens=min(args.max_len, 2 * width + 10))
-        for row, i in enumerate(batch):
-            translations[i] = tokenizer.decode(out[row].tolist())  # drops bos, stops at eos
-    return translations
-
-
-def run_peer(args, workdir: Path) -> dict:
-    """Hugging Face MarianMTModel trained by a plain torch loop for --time-budget seconds."""
-    import contextlib
-
-    import sacrebleu
-    import torch
-    from transformers import MarianConfig, MarianMTModel
-
-    started = time.monotonic()  # the budget counts from here, as train.py's from its run()
-    deadline = started + args.time_budget
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    autocast = ((lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda
-                else contextlib.nullcontext)
-    train_pairs, _ = read_parallel_text(args.src_path, args.tgt_path)
-    dev_pairs, _ = read_parallel_text(args.dev_src_path, args.dev_tgt_path)
-    test_pairs, _ = read_parallel_text(args.test_src_path, args.test_tgt_path)
-    # train.py's tokenizer: trained on the pairs in the order its split leaves them
-    tokenizer = train_tokenizer(holdout_split(train_pairs, 0, 0, seed=TRAIN_SEED)["train"],
-                                workdir / PEER_TOKENIZER_FILE, vocab_size=args.vocab_size,
-                                model_type="bpe", seed=TRAIN_SEED)
-    train_src, train_tgt = encode(tokenizer, train_pairs, args.max_len)
-    dev_src, dev_tgt = encode(tokenizer, dev_pairs, args.max_len)
-    train_batches = [peer_batch(b, train_src, train_tgt)
-                     for b in token_budget_batches(train_src, train_tgt, args.max_tokens)]
-    dev_batches = [to_device(peer_batch(b, dev_src, dev_tgt), device)
-                   for b in token_budget_batches(dev_src, dev_tgt, args.max_tokens)]
-
-    torch.manual_seed(0)
-    config = MarianConfig(
-        vocab_size=tokenizer.vocab_size, decoder_vocab_size=tokenizer.vocab_size,
-        d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
-        encoder_attention_heads=args.heads, decoder_attention_heads=args.heads,
-        encoder_ffn_dim=args.d_ff, decoder_ffn_dim=args.d_ff, activation_function="relu",
-        dropout=args.dropout, attention_dropout=args.dropout, activation_dropout=args.dropout,
-        max_position_embeddings=args.max_len + 1, scale_embedding=True,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True)
-    model = MarianMTModel(config).to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9,
-                                 fused=cuda)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(  # the paper's schedule; step counts from 1
-        optimizer, lambda done: args.d_model ** -0.5 * min((done + 1) ** -0.5,
-                                                           (done + 1) * args.warmup ** -1.5))
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-
-    rng = np.random.default_rng(0)
-    step, trained_tokens, first_step_seconds, dev_curve = 0, 0, None, []
-    loop_started = time.monotonic()
-    while time.monotonic() < deadline:
-        for index in rng.permutation(len(train_batches)):  # an epoch in shuffled batch order
-            tokens = real_tokens(train_batches[index][1])  # counted on the CPU: no sync
-            inputs, labels = to_device(train_batches[index], device)
-            with autocast():
-                loss_sum = smoothed_loss_sum(model(**inputs).logits, labels)
-            (loss_sum / tokens).backward()
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum.item()  # waits for the step, as train.py does to log its loss
-            step, trained_tokens = step + 1, trained_tokens + tokens
-            first_step_seconds = first_step_seconds or time.monotonic() - started
-            if step % args.eval_every == 0:
-                dev_curve.append({"step": step,
-                                  "seconds": round(time.monotonic() - started, 2),
-                                  "dev_loss": peer_dev_loss(model, dev_batches, autocast)})
-            if time.monotonic() >= deadline:
-                break
-    loop_ended = time.monotonic()
-    peak_device = torch.cuda.max_memory_allocated(device) if cuda else None
-
-    dev_loss = peer_dev_loss(model, dev_batches, autocast)
-    hypotheses = peer_translate(model, tokenizer, [s for s, _ in test_pairs], args, device,
-                                autocast)
-    references = [[t for _, t in test_pairs]]
-    return {"side": "peer", "what": "Hugging Face MarianMTModel, plain torch loop",
-            "steps": step, "stopped_by": "time_budget",
-            "tgt_tokens_per_s": round(trained_tokens / max(loop_ended - loop_started, 1e-9),
-                                      1),
-            "tgt_tokens_per_step": round(trained_tokens / max(step, 1), 1),
-            "first_step_seconds": (round(first_step_seconds, 2) if first_step_seconds
-                                   else None),
-            "training_seconds": round(loop_ended - started, 2),
-            "compile_seconds": 0.0, "programs_compiled": 0, "compile_cache_hits": 0,
-            "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
-            "dev_loss": dev_loss, "dev_curve": dev_curve,
-            "peak_memory_bytes": (peak_device if cuda
-                                  else peak_rss_bytes(resource.RUSAGE_SELF)),
-            "wall_seconds": round(time.monotonic() - started, 1),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "train_pairs": len(train_src), "train_batches": len(train_batches)}
 
 
 # ----------------------------------------------------------------------------- report
 
-def markdown_table(result: dict) -> str:
+def describe(result: dict) -> Report:
+    """The page of a results dict: each side's headline figures, then how it trained."""
+    sides = result["sides"].values()
     memory = ("peak device memory (GiB)" if result["device"] == "cuda"
               else "peak RSS (GiB)")
-    lines = [f"| side | steps | real target tokens/s | first step (s) | compile (s) | "
-             f"BLEU | chrF | dev loss | {memory} |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in result["sides"].values():
-        first = row["first_step_seconds"]
-        lines.append(f"| {row['what']} | {row['steps']:,} | {row['tgt_tokens_per_s']:,.0f} | "
-                     f"{'-' if first is None else f'{first:.1f}'} | "
-                     f"{row['compile_seconds']:.1f} | {row['bleu']:.1f} | {row['chrf']:.1f} | "
-                     f"{row['dev_loss']:.3f} | {row['peak_memory_bytes'] / 2 ** 30:.2f} |")
-    return "\n".join(lines) + "\n"
+    headline = [[row["what"], f"{row['steps']:,}", f"{row['tgt_tokens_per_s']:,.0f}",
+                 "-" if row["first_step_seconds"] is None else f"{row['first_step_seconds']:.1f}",
+                 f"{row['compile_seconds']:.1f}", f"{row['bleu']:.1f}", f"{row['chrf']:.1f}",
+                 f"{row['dev_loss']:.3f}", f"{row['peak_memory_bytes'] / 2 ** 30:.2f}"]
+                for row in sides]
+    training = [[row["what"], row["stopped_by"], f"{row['tgt_tokens_per_step']:,.0f}",
+                 f"{row['training_seconds']:.1f}", f"{row['wall_seconds']:.1f}",
+                 row["programs_compiled"], row["compile_cache_hits"],
+                 len(row["dev_curve"])] for row in sides]
+    tokenizers = {True: "byte-identical", False: "different",
+                  None: "not compared (one side ran)"}[result["same_tokenizer"]]
+    return Report(
+        title="The race: train.py against Hugging Face Marian",
+        script="benchmarks/race.py",
+        notes=[f"Each side trained for {result['time_budget']:g} s of wall time from its "
+               f"start, then greedy-decoded the test set. The two sides' SentencePiece "
+               f"models: {tokenizers}. Memory: {result['memory']}. The dev loss against "
+               "wall time is plotted in the .png of the same name."],
+        tables=[Table(("side", "steps", "real target tokens/s", "first step (s)",
+                       "compile (s)", "BLEU", "chrF", "dev loss", memory), headline,
+                      align="lrrrrrrrr"),
+                Table(("side", "stopped by", "real target tokens per step", "training (s)",
+                       "wall (s)", "programs compiled", "compile cache hits",
+                       "dev losses on the way"), training, align="llrrrrrr")],
+        settings={k: v for k, v in result["settings"].items()
+                  if k not in ("out", "render_only")},
+        device=f"{result['device_name']} (--device {result['device']}).",
+        versions=result["versions"])
 
 
 def plot_dev_loss(result: dict, path: Path) -> None:
@@ -410,10 +220,12 @@ def device_name(device: str) -> str:
     import torch
     if device == "cuda":
         return torch.cuda.get_device_name()
-    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return f"CPU ({runner.cpu_name() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def main(argv=None) -> dict:
+    if (rendered := report.render_only(argv, describe)) is not None:
+        return rendered
     args = parse_args(argv)
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -433,8 +245,7 @@ def main(argv=None) -> dict:
             shutil.rmtree(workdir)
     result = {"device": args.device, "device_name": device_name(args.device),
               "time_budget": args.time_budget,
-              "versions": {name: importlib.metadata.version(name)
-                           for name in ("jax", "torch", "transformers")},
+              "versions": runner.versions("jax", "torch", "transformers"),
               "settings": {k: (str(v) if isinstance(v, Path) else v)
                            for k, v in vars(args).items()},
               "same_tokenizer": same_tokenizer,  # byte-identical SentencePiece models
@@ -442,12 +253,9 @@ def main(argv=None) -> dict:
                          else "peak RSS of the side's process over its whole run"),
               "sides": sides}
     out = args.out or ROOT / "benchmarks" / "results" / f"race_{args.device}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown_table(result)
-    out.with_suffix(".md").write_text(table)
+    page = report.write_results(result, out, describe)
     plot_dev_loss(result, out.with_suffix(".png"))
-    print(table + f"saved {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+    print(page + f"saved {out}, {report.markdown_path(out)}, {out.with_suffix('.png')}")
     return result
 
 

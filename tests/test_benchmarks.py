@@ -1,4 +1,5 @@
-"""The benchmarks run end to end on tiny models and report consistent rows."""
+"""The benchmarks run end to end on tiny models and report consistent rows; their
+markdown pages show every figure of their results."""
 
 import json
 import os
@@ -9,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import bench_corpus, bench_decode, bench_train, race, report
+from benchmarks.report import Report, Table
 
-import bench_train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
@@ -51,6 +52,7 @@ def test_bench_train_smoke(tmp_path):
                                rtol=0.1)
     assert rows["torch_eager"]["speedup_vs_torch_eager"] == 1.0
     assert "| peak RSS (MiB) |" in result["markdown"]
+    assert result["markdown"] in out.with_suffix(".md").read_text()
 
 
 def test_results_go_to_train_gpu_json_on_a_gpu():
@@ -58,22 +60,175 @@ def test_results_go_to_train_gpu_json_on_a_gpu():
     assert bench_train.default_results_path("cpu").name == "train.json"
 
 
-def test_markdown_table_labels_memory_by_what_was_measured():
-    row = {"framework": "jax", "compute_dtype": "bfloat16", "matmul_precision": "bf16",
-           "tokens_per_s": 1.0, "step_seconds": 1.0, "speedup_vs_torch_eager": None,
-           "achieved_flops_per_s": 1e12, "mfu": 0.5, "mfu_vs_reference_peak": 0.25,
-           "first_step_seconds": 1.0, "peak_rss_mib": 3000.0, "peak_device_mib": None}
-    result = {"matmul_peak": {"n": 8, "dtype": "bfloat16", "matmul_precision": "bf16",
-                              "median_flops_per_s": 2e12, "runs": [2e12]},
-              "flops": {"train_step": 1e12}, "errors": {}, "rows": [row],
-              "args": {"reference_peak_tflops": 4.0, "dtype": "bfloat16"},
-              "machine": {"devices": ["gpu: NVIDIA H100 80GB HBM3"]}}
-    table = bench_train.markdown_table(result)
-    assert "| peak RSS (MiB) |" in table and "| 3000 |" in table and "| 25.0% |" in table
-    row["peak_device_mib"] = 1234.0
-    table = bench_train.markdown_table(result)
-    assert "| peak device memory (MiB) |" in table and "| 1234 |" in table
+# ----------------------------------------------------------------------------- pages
 
+def assert_cells(page: str, *cells) -> None:
+    """Each of `cells` is a whole cell of one of the page's tables."""
+    missing = [cell for cell in cells if f"| {cell} |" not in page]
+    assert not missing, f"cells missing from the page: {missing}\n{page}"
+
+
+def train_result() -> dict:
+    row = {"framework": "jax", "dtype": "bfloat16", "device": "gpu: NVIDIA H100 80GB HBM3",
+           "compute_dtype": "bfloat16", "matmul_precision": "bf16 operands",
+           "tokens_per_s": 1234.4, "step_seconds": 0.5678, "step_cpu_seconds": 0.9123,
+           "speedup_vs_torch_eager": 2.0, "achieved_flops_per_s": 3.21e11, "mfu": 0.4321,
+           "mfu_vs_reference_peak": 0.0771, "first_step_seconds": 12.34,
+           "peak_rss_mib": 2345.6, "peak_device_mib": None}
+    return {"matmul_peak": {"n": 8, "dtype": "bfloat16", "matmul_precision": "bf16 operands",
+                            "median_flops_per_s": 7.654e11, "runs": [7.654e11]},
+            "flops": {"train_step": 2.9937e11}, "rows": [row],
+            "errors": {"torch_compile": "RuntimeError: no compiler"},
+            "args": {"reference_peak_tflops": 4.0, "dtype": "bfloat16", "batch_size": 48},
+            "machine": {"devices": ["gpu: NVIDIA H100 80GB HBM3"], "cpus": 16,
+                        "processor": "AMD EPYC 9454", "platform": "Linux-test",
+                        "torch_threads": 16, "load_average": [1.5, 1.25, 1.0],
+                        "python": "3.11.7", "jax": "0.10.2", "torch": "2.13.0",
+                        "XLA_FLAGS": "--xla_test_flag", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}}
+
+
+def decode_row(framework, method, tokens_per_s, warmup_seconds) -> dict:
+    return {"framework": framework, "method": method, "length": 16, "batch_size": 8,
+            "seconds": 0.5, "tokens_per_s": tokens_per_s, "warmup_seconds": warmup_seconds,
+            "runs": [0.5, 0.5, 0.5], "same_tokens_as_other_framework": True}
+
+
+def decode_result() -> dict:
+    return {"config": {"d_model": 64, "num_heads": 2, "d_ff": 128, "layers": [1, 1],
+                       "vocab": 100},
+            "batch_size": 8, "src_len": 32, "beam": 4, "uncached_lengths": [16], "repeats": 3,
+            "uncached_repeats": 1, "torch_threads": 1,
+            "versions": {"jax": "0.10.2", "flax": "0.12.8", "torch": "2.13.0",
+                         "python": "3.11.7"},
+            "machine": {"platform": "Linux-test", "cpus": 2, "jax_devices": ["cpu:0"]},
+            "results": [decode_row("jax", "cached", 227.88, 5.739),
+                        decode_row("torch", "cached", 194.09, 0.778),
+                        decode_row("jax", "uncached", 106.31, 37.549),
+                        decode_row("torch", "uncached", 54.45, 2.474)],
+            "summary": {"jax_cached_over_uncached_L16": 2.1434,
+                        "jax_cached_over_torch_cached_L16": 1.1741}}
+
+
+def corpus_result() -> dict:
+    return {"backend": "cpu", "device": "TFRT_CPU_0", "machine": "x86_64",
+            "args": {"steps": 4, "max_tokens": 1024, "pairs": 2000},
+            "batch_shapes": [[8, 128]], "batches_per_epoch": 37, "real_token_fraction": 0.912,
+            "tgt_real_fraction": 0.934, "tgt_tokens_per_batch": 955.4,
+            "tgt_tokens_per_batch_of_max_tokens": 0.933,
+            "rows": [{"framework": "jax", "compiled": {"programs": 3, "compile_seconds": 4.56},
+                      "seconds_to_first_step": 6.78, "first_steps_tgt_tokens_per_s": 1234.4,
+                      "steady_tgt_tokens_per_s": 5678.9, "median_step_seconds": 0.1234,
+                      "losses": [6.5432, 6.1234], "peak_device_mib": None},
+                     {"framework": "torch_eager", "seconds_to_first_step": 0.42,
+                      "first_steps_tgt_tokens_per_s": 2345.6, "steady_tgt_tokens_per_s": 3456.7,
+                      "median_step_seconds": 0.2345, "losses": [6.54, 6.2],
+                      "peak_device_mib": 789.0}],
+            "host": {"platform": "Linux-test", "processor": "AMD EPYC", "cpus": 2},
+            "versions": {"jax": "0.10.2", "flax": "0.12.8", "torch": "2.13.0"}}
+
+
+def race_side(what, steps, bleu, programs) -> dict:
+    return {"what": what, "steps": steps, "stopped_by": "time_budget",
+            "tgt_tokens_per_s": 3813.6, "tgt_tokens_per_step": 4047.6,
+            "first_step_seconds": 20.03, "training_seconds": 60.77, "compile_seconds": 13.94,
+            "programs_compiled": programs, "compile_cache_hits": 2, "bleu": bleu, "chrf": 51.26,
+            "dev_loss": 2.3456, "dev_curve": [{"step": 5, "seconds": 1.0, "dev_loss": 3.0}],
+            "peak_memory_bytes": 3 * 2 ** 30, "wall_seconds": 94.12}
+
+
+def race_result() -> dict:
+    return {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "time_budget": 600.0,
+            "versions": {"jax": "0.10.2", "torch": "2.13.0", "transformers": "5.23.0"},
+            "settings": {"d_model": 512, "sides": ["ours", "peer"], "compile_cache": None},
+            "same_tokenizer": True, "memory": "allocator peak bytes in use during training",
+            "sides": {"ours": race_side("train.py (jax_transformer)", 1234, 31.84, 7),
+                      "peer": race_side("Hugging Face MarianMTModel", 4838, 32.61, 0)}}
+
+
+# (script, results dict, cells of its tables, other text on its page)
+PAGES = {
+    "bench_train": (bench_train, train_result, (
+        "jax", "bfloat16", "bf16 operands", "1234", "568", "912", "2.00x", "321.0", "43.2%",
+        "7.7%", "12.3", "2346", "peak RSS (MiB)", "MFU vs 4 TFLOP/s", "torch_compile",
+        "failed: RuntimeError: no compiler", "batch_size", "48", "torch", "2.13.0"), (
+        "765.4 GFLOP/s", "299.4 G", "gpu: NVIDIA H100 80GB HBM3", "AMD EPYC 9454",
+        "1.50 1.25 1.00", "XLA_FLAGS=--xla_test_flag")),
+    "bench_decode": (bench_decode, decode_result, (
+        "cached", "uncached", "16", "227.9", "194.1", "5.74", "0.78", "106.3", "54.5", "37.55",
+        "2.47", "yes", "jax_cached_over_uncached_L16", "2.14x", "1.17x", "torch_threads",
+        "flax", "0.12.8"), ("cpu:0", "d_model 64")),
+    "bench_corpus": (bench_corpus, corpus_result, (
+        "jax", "torch_eager", "6.8", "1,234", "5,679", "123", "3", "4.6", "6.543 -> 6.123",
+        "0.4", "2,346", "3,457", "234", "789", "real target tokens/s, first 4 steps",
+        "max_tokens", "1024"), (
+        "[[8, 128]], 37 batches", "91.2%", "93.4%", "955 real target tokens", "93% of",
+        "cpu: TFRT_CPU_0")),
+    "race": (race, race_result, (
+        "train.py (jax_transformer)", "Hugging Face MarianMTModel", "1,234", "4,838", "3,814",
+        "20.0", "13.9", "31.8", "32.6", "51.3", "2.346", "3.00", "peak device memory (GiB)",
+        "time_budget", "4,048", "60.8", "94.1", "7", "2", "1", "sides", "ours peer",
+        "compile_cache", "-", "transformers", "5.23.0"), (
+        "600 s of wall time", "byte-identical", "allocator peak bytes",
+        "NVIDIA H100 80GB HBM3 (--device cuda)")),
+}
+
+
+@pytest.mark.parametrize("script", PAGES)
+def test_every_figure_reaches_the_page(script):
+    """Each script's renderer shows its results' figures, settings, device and versions:
+    a figure dropped from a table, or a setting, fails here."""
+    module, make_result, cells, texts = PAGES[script]
+    page = report.render_markdown(module.describe(make_result()), "results/x.json")
+    assert_cells(page, *cells)
+    missing = [text for text in texts if text not in page]
+    assert not missing, f"text missing from the page: {missing}\n{page}"
+    assert f"python benchmarks/{script}.py --render-only results/x.json" in page
+
+
+def test_render_markdown_lays_out_tables_settings_device_and_versions():
+    page = report.render_markdown(Report(
+        title="A title", script="benchmarks/x.py", notes=["A note."],
+        tables=[Table(("name", "figure"), [("a", 1.5), ("b", 2)], align="lr")],
+        settings={"lengths": [16, 64], "clip_norm": None, "empty": []},
+        device="cpu: a test CPU.", versions={"jax": "0.10.2"}), "benchmarks/results/x.json")
+    assert page.startswith("# A title\n\nA note.\n\n| name | figure |\n| --- | ---: |\n"
+                           "| a | 1.5 |\n| b | 2 |\n")
+    assert_cells(page, "lengths", "16 64", "clip_norm", "-", "empty", "jax", "0.10.2")
+    assert "## Device\n\ncpu: a test CPU.\n" in page
+    assert page.endswith("`python benchmarks/x.py --render-only "
+                         "benchmarks/results/x.json`).\n")
+
+
+def test_train_page_labels_memory_by_what_was_measured():
+    result = train_result()
+    assert_cells(report.render_markdown(bench_train.describe(result), "x.json"),
+                 "peak RSS (MiB)", "2346")
+    result["rows"][0]["peak_device_mib"] = 4321.0
+    page = report.render_markdown(bench_train.describe(result), "x.json")
+    assert_cells(page, "peak device memory (MiB)", "4321")
+    assert "peak RSS" not in page
+
+
+@pytest.mark.parametrize("script", PAGES)
+def test_render_only_writes_the_page_beside_the_results(script, tmp_path):
+    module, make_result, _, _ = PAGES[script]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(make_result()))
+    module.main(["--render-only", str(path)])  # race's corpus flags are not needed
+    assert path.with_suffix(".md").read_text() == report.render_markdown(
+        module.describe(make_result()), str(path))
+
+
+@pytest.mark.parametrize("results", sorted((ROOT / "benchmarks" / "results").glob("*.json")),
+                         ids=lambda path: path.name)
+def test_committed_pages_are_rendered_from_their_results(results):
+    """benchmarks/results/*.md come from their JSON by the script that wrote it, not by
+    hand: after a change to a renderer, render them again with --render-only."""
+    script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
+              "race": race}[results.stem.split("_")[0]]
+    page = report.render_markdown(script.describe(json.loads(results.read_text())),
+                                  f"benchmarks/results/{results.name}")
+    assert results.with_suffix(".md").read_text() == page
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
 def test_bench_corpus_smoke(tmp_path):
@@ -93,6 +248,8 @@ def test_bench_corpus_smoke(tmp_path):
     # differs, so only roughly).
     np.testing.assert_allclose(rows["jax"]["losses"][0], rows["torch_eager"]["losses"][0],
                                rtol=0.05)
+    assert_cells(out.with_suffix(".md").read_text(), "jax", "torch_eager",
+                 f"{rows['jax']['steady_tgt_tokens_per_s']:,.0f}")
 
 
 
@@ -139,4 +296,17 @@ def test_race_smoke(tmp_path):
         assert [point["step"] for point in side["dev_curve"]] == list(
             range(5, side["steps"] + 1, 5))
     assert out.with_suffix(".png").stat().st_size > 0
-    assert out.with_suffix(".md").read_text().count("\n") == 4  # header, rule, two sides
+    page = out.with_suffix(".md").read_text()
+    for side in result["sides"].values():
+        assert_cells(page, side["what"], f"{side['steps']:,}", f"{side['dev_loss']:.3f}")
+
+
+def test_a_written_page_is_what_render_only_gives(tmp_path):
+    """A run's page is rendered from its JSON as written, so --render-only reproduces it
+    (a tuple in the results, as in batch_shapes, becomes a list in JSON)."""
+    result = corpus_result()
+    result["batch_shapes"] = [(8, 128)]
+    path = tmp_path / "corpus_cpu.json"
+    written = report.write_results(result, path, bench_corpus.describe)
+    bench_corpus.main(["--render-only", str(path)])
+    assert path.with_suffix(".md").read_text() == written
