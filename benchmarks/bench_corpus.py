@@ -7,7 +7,7 @@
 
 The corpus is jax_transformer.data.natural (WMT14-like lengths: median ~25
 pieces, a tail past 200), generated here; a BPE tokenizer is trained on it and
-the batches are packed by train.py's own data path (loop.make_batches). JAX
+the batches are packed by train.py's own data path (train.inputs.make_batches). JAX
 then trains as train.py does: every step program compiled ahead of time, with
 JAX's persistent compilation cache off (so compile seconds are real), then
 --steps steps. torch_reference (eager; bf16 autocast with --dtype bfloat16)
@@ -62,8 +62,8 @@ def parse_args(argv=None):
 def make_data(args, workdir: Path):
     """train.py's data path on the natural-length corpus: {"train": PackedBatches, ...}."""
     from jax_transformer.data import natural
-    from jax_transformer.data.batching import train_tokenizer
-    from jax_transformer.train.loop import make_batches
+    from jax_transformer.data.encoding import train_tokenizer
+    from jax_transformer.train.inputs import make_batches
     from jax_transformer.train.settings import DataSettings
 
     pairs = natural.natural_length_corpus(args.pairs + 200, seed=0)
@@ -211,9 +211,9 @@ def main(argv=None) -> dict:
     print(f"batch shapes {train.shapes()}; {fill['real_fraction']:.1%} of token slots real; "
           f"{fill['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
           f"({fill['tgt_tokens_per_batch'] / args.max_tokens:.0%} of --max-tokens)")
-    config = ModelSettings(d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
-                           layers=args.layers, dropout=args.dropout).config(
-        tokenizer.vocab_size, args.max_len)
+    config = ModelSettings(d_model=args.d_model, num_heads=args.heads, d_ff=args.d_ff,
+                           num_encoder_layers=args.layers, num_decoder_layers=args.layers,
+                           dropout=args.dropout).config(tokenizer.vocab_size, args.max_len)
     state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
     rows = []
     for framework in args.frameworks:

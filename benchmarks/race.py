@@ -116,7 +116,7 @@ def run_ours(args, workdir: Path) -> dict:
                "--test-src-path", args.test_src_path, "--test-tgt-path", args.test_tgt_path,
                "--tokenizer-type", "bpe", "--vocab-size", str(args.vocab_size),
                "--max-len", str(args.max_len), "--max-tokens", str(args.max_tokens),
-               "--d-model", str(args.d_model), "--heads", str(args.heads),
+               "--d-model", str(args.d_model), "--num-heads", str(args.heads),
                "--d-ff", str(args.d_ff), "--layers", str(args.layers),
                "--dropout", str(args.dropout), "--warmup", str(args.warmup),
                "--label-smoothing", str(LABEL_SMOOTHING),

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.runner import peak_rss_bytes
-from jax_transformer.data.batching import train_tokenizer
+from jax_transformer.data.encoding import train_tokenizer
 from jax_transformer.data.corpora import holdout_split, read_parallel_text
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
