@@ -49,7 +49,8 @@ def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def build_parser(argv=None) -> ArgumentParser:
     """train.py's command line, generated from the settings dataclasses; the defaults of
     the model flags come from --preset (and --layers), --steps' from --task."""
-    chosen, _ = add_default_choosers(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    chosen, _ = add_default_choosers(argparse.ArgumentParser(
+        prog="jaxformer-train", add_help=False)).parse_known_args(argv)
     task = argparse.ArgumentParser(add_help=False)
     task.add_argument("--task", choices=TASK_ARCHITECTURES, default="translate")
     model_defaults = dict(PRESETS[chosen.preset])
