@@ -89,21 +89,23 @@ def layer_norm(config: TransformerConfig) -> nn.LayerNorm:
 
 
 class Residual(nn.Module):
-    """The residual connection around each sublayer f, with LayerNorm after it
-    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
-    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
+    """The residual connection around a sublayer f, with the layer's LayerNorm after
+    the sum (post-LN, the paper): LN(x + Dropout(f(x))), or before f (pre-LN):
+    x + Dropout(f(LN(x))). The norm is passed in, so its parameters stay the
+    layer's; f maps h (B, L, D) to its output (B, L, D) and its attention
+    weights (None for the FFN), which are returned beside the new x."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         self.pre_norm = config.pre_norm
         self.dropout = nn.Dropout(config.dropout)
 
-    def norm_input(self, x, norm):
-        return norm(x) if self.pre_norm else x
-
-    def add_residual(self, x, sublayer_out, norm):
-        x = x + self.dropout(sublayer_out)
-        return x if self.pre_norm else norm(x)
+    def forward(self, x, norm, sublayer):  # (B, L, D) -> (B, L, D), weights
+        if self.pre_norm:
+            out, weights = sublayer(norm(x))
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)
+        return norm(x + self.dropout(out)), weights
 
 
 class EncoderLayer(nn.Module):
@@ -116,11 +118,9 @@ class EncoderLayer(nn.Module):
         self.residual = Residual(config)
 
     def forward(self, x, src_mask):  # (B, S, D) -> (B, S, D)
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, src_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        x, self_weights = self.residual(x, self.self_attn_norm,
+                                        lambda h: self.self_attn(h, h, src_mask))
+        x, _ = self.residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, self_weights
 
 
@@ -140,16 +140,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
         """memory is None in a decoder-only model; the cross weights are then None."""
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, tgt_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
+        x, self_weights = self.residual(x, self.self_attn_norm,
+                                        lambda h: self.self_attn(h, h, tgt_mask))
         cross_weights = None
         if self.cross_attn is not None:
-            h = self.residual.norm_input(x, self.cross_attn_norm)
-            h, cross_weights = self.cross_attn(h, memory, memory_mask)
-            x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+            x, cross_weights = self.residual(x, self.cross_attn_norm,
+                                             lambda h: self.cross_attn(h, memory, memory_mask))
+        x, _ = self.residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, self_weights, cross_weights
 
     # Incremental decoding: one target position at a time, with a key/value cache.
@@ -170,22 +167,25 @@ class DecoderLayer(nn.Module):
         """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
         self-attention key/value written in (in place here; JAX returns a new one).
         Same steps as forward."""
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
-        self_k, self_v = cache["self_k"], cache["self_v"]  # (B, L, H, Dh)
-        self_k[:, position] = k[:, 0]
-        self_v[:, position] = v[:, 0]
-        visible = (torch.arange(self_k.shape[1], device=x.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
-        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        if self.cross_attn is not None:
-            h = self.residual.norm_input(x, self.cross_attn_norm)
+        cache = dict(cache)
+
+        def self_attend(h):  # (B, 1, D) -> (B, 1, D), weights (B, H, 1, L)
+            q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
+            self_k, self_v = cache["self_k"], cache["self_v"]  # (B, L, H, Dh)
+            self_k[:, position] = k[:, 0]
+            self_v[:, position] = v[:, 0]
+            visible = (torch.arange(self_k.shape[1], device=h.device) <= position)[None, None, None, :]  # (1, 1, 1, L)
+            return self.self_attn.attend(q, self_k, self_v, visible)
+
+        def cross_attend(h):  # (B, 1, D) -> (B, 1, D), weights (B, H, 1, S)
             q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
-            h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
-            x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
-        return x, {**cache, "self_k": self_k, "self_v": self_v}
+            return self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
+
+        x, _ = self.residual(x, self.self_attn_norm, self_attend)
+        if self.cross_attn is not None:
+            x, _ = self.residual(x, self.cross_attn_norm, cross_attend)
+        x, _ = self.residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
+        return x, cache
 
 
 class Encoder(nn.Module):
