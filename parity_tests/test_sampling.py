@@ -1,8 +1,6 @@
 """The sampling scheme (transformer_core.generation) on made-up logits: the settings'
 checks, what top-k and top-p keep, frequencies, and JAX == torch token for token."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
