@@ -1,8 +1,9 @@
 """Greedy and beam search with a key/value cache, each search one jit-compiled loop.
 
 Read it side by side with torch_reference/decoding.py: same functions, same
-steps, same tie-breaking (the lowest index wins a tie, as in `jax.lax.top_k`
-and `jnp.argmax`), same length penalty.
+steps. The pieces these searches share with the decoder-only ones
+(lm_decoding.py) live in jax_transformer/search.py: the greedy pick, sampling,
+log-softmax, the length penalty and the beam search's bookkeeping.
 
     greedy_search(model, src_ids, max_len=...)          -> tokens (B, L), scores (B,)
     sample(model, src_ids, max_len=..., sampling=Sampling(temperature=0.8, top_p=0.9, seed=0))
@@ -34,17 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_transformer import sampling as sampling_module
 from jax_transformer.masks import padding_mask
 from jax_transformer.model import Transformer
+from jax_transformer.search import (beam_result, beam_state, beam_update, beams_settled,
+                                    eval_split, greedy_pick, length_penalty, log_softmax,
+                                    prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
-
-NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
-
-
-def length_penalty(length, alpha: float):
-    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
@@ -55,29 +51,13 @@ def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
     src_ids = jnp.asarray(src_ids, jnp.int32)
     if src_mask is None:
         src_mask = padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
-    graphdef, state = nnx.split(nnx.view(model, deterministic=True))
+    graphdef, state = eval_split(model)
     ids = dict(bos=config.bos_id, pad=config.pad_id,
                eos=config.eos_id if eos_id is None else int(eos_id))
     return graphdef, state, src_ids, src_mask, ids
 
 
-def _log_softmax(logits):  # (..., V), at least float32
-    return jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
-
-
 # ------------------------------------------------------------------ greedy
-
-def greedy_pick(log_probs, scores, finished, pad: int, eos: int, next_ids=None):
-    """One step from log-probabilities (B, V): the next ids (B,) (the argmax unless
-    given; pad once a sentence has finished), the summed scores (B,) and the
-    finished flags (B,)."""
-    if next_ids is None:
-        next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
-    best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
-    next_ids = jnp.where(finished, pad, next_ids)
-    scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
-    return next_ids, scores, finished | (next_ids == eos)
-
 
 def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
     """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int32, scores (B,).
@@ -96,8 +76,8 @@ def sample(model: Transformer, src_ids, *, max_len: int, sampling: Sampling, uni
     sentence b uses uniforms[b, t], by default sampling.uniforms(B, max_len).
     Temperature 0 is greedy_search."""
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
-    draws, static = sampling_module.prepare(sampling, src_ids.shape[0], max_len,
-                                            model.config.tgt_vocab_size, uniforms)
+    draws, static = prepare_sampling(sampling, src_ids.shape[0], max_len,
+                                     model.config.tgt_vocab_size, uniforms)
     return _pick_jit(graphdef, state, src_ids, src_mask, draws, max_len=max_len, **static, **ids)
 
 
@@ -124,10 +104,9 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, *, max_len, bos, eos, p
         chosen = None
         if draws is not None:
             uniforms, inverse_temperature, top_p = draws
-            chosen = sampling_module.sample_ids(logits, uniforms[:, t], inverse_temperature,
-                                                top_p, k=k, nucleus=nucleus)
-        next_ids, scores, finished = greedy_pick(_log_softmax(logits), scores, finished, pad, eos,
-                                                 chosen)
+            chosen = sample_ids(logits, uniforms[:, t], inverse_temperature, top_p, k=k,
+                                nucleus=nucleus)
+        next_ids, scores, finished = greedy_pick(logits, scores, finished, pad, eos, chosen)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
         return t + 1, tokens, scores, finished, cache
 
@@ -156,10 +135,6 @@ def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4
                      max_len=max_len, beam_size=beam_size, **ids)
 
 
-def _gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (B, K_new, ...)
-    return x[jnp.arange(x.shape[0])[:, None], beam_indices]
-
-
 @functools.partial(jax.jit, static_argnums=0,
                    static_argnames=("max_len", "beam_size", "bos", "eos", "pad"))
 def _beam_jit(graphdef, state, src_ids, src_mask, alpha, *, max_len, beam_size, bos, eos, pad):
@@ -184,80 +159,11 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, *, max_len, beam_size, 
         t = s["t"]
         inputs = s["live_seqs"][:, :, t].reshape(B * K, 1)  # (B*K, 1)
         logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B*K, V)
-        log_probs = _log_softmax(logits).reshape(B, K, -1)  # (B, K, V)
+        log_probs = log_softmax(logits).reshape(B, K, -1)  # (B, K, V)
         return beam_update({**s, "cache": cache}, log_probs, t + 1, alpha, eos)
 
     tokens, scores = beam_result(jax.lax.while_loop(not_done, step, init), best_possible_lp)
     return tokens[:, :, 1:], scores
-
-
-# The beam search's state and step, shared with lm_decoding. The state: step t;
-# live and finished sequences (B, K, 1 + L) with their log-probabilities and
-# scores (B, K), best first; finished flags; the cache, one row per beam.
-def beam_state(seqs, cache, dtype) -> dict:
-    """The state before the first step: every beam holds `seqs` (B, K, L'), only beam 0 lives."""
-    B, K = seqs.shape[:2]
-    live_logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), dtype), (B, 1))  # (B, K)
-    return dict(t=jnp.int32(0), live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs,
-                finished_scores=jnp.full((B, K), NEG_INF, dtype),
-                finished_flags=jnp.zeros((B, K), bool), cache=cache)
-
-
-def beams_settled(s, best_possible_lp):  # -> (B,)
-    """Sentences whose K finished scores all beat the best score a live beam could
-    still reach: a live beam's score can only fall, so its best reachable finished
-    score is live_logprob / lp(max length). Beams are sorted best first."""
-    best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
-    worst_finished = jnp.where(s["finished_flags"].all(axis=1),
-                               s["finished_scores"].min(axis=1), NEG_INF)  # (B,)
-    return worst_finished > best_live
-
-
-def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
-    """One step from the live beams' next-token log-probabilities (B, K, V): the
-    token at position t + 1 written, the cache reordered, the finished kept.
-    `length` (scalar or (B, 1)): the hypotheses' length for the penalty;
-    `may_end` (B, 1): where False, eos finishes nothing (a forced token)."""
-    t, (B, K, V) = s["t"], log_probs.shape
-    log_probs = log_probs + s["live_logprobs"][:, :, None]
-    # The 2K best extensions over all beams (2K, so that K stay live even if
-    # K of them end here). Index beam * V + token; ties: lowest index first.
-    top_logprobs, top_indices = jax.lax.top_k(log_probs.reshape(B, K * V), 2 * K)  # (B, 2K)
-    top_beams, top_tokens = top_indices // V, top_indices % V
-    top_seqs = _gather_beams(s["live_seqs"], top_beams).at[:, :, t + 1].set(top_tokens)
-    ended = (top_tokens == eos) & may_end  # (B, 2K)
-
-    # Live: the K best that did not end.
-    alive_scores = jnp.where(ended, top_logprobs + NEG_INF, top_logprobs)
-    _, keep = jax.lax.top_k(alive_scores, K)  # (B, K)
-    live_seqs = _gather_beams(top_seqs, keep)
-    live_logprobs = _gather_beams(alive_scores, keep)
-    parent = _gather_beams(top_beams, keep)  # (B, K): the old beam each comes from
-    rows = (jnp.arange(B)[:, None] * K + parent).reshape(B * K)
-    cache = [{**c, "self_k": c["self_k"][rows], "self_v": c["self_v"][rows]}
-             for c in s["cache"]]
-
-    # Finished: the K best of the old finished and those that ended now.
-    new_scores = top_logprobs / length_penalty(length, alpha)
-    new_scores = jnp.where(ended, new_scores, new_scores + NEG_INF)
-    all_seqs = jnp.concatenate([s["finished_seqs"], top_seqs], axis=1)  # (B, 3K, 1 + L)
-    all_scores = jnp.concatenate([s["finished_scores"], new_scores], axis=1)  # (B, 3K)
-    all_flags = jnp.concatenate([s["finished_flags"], ended], axis=1)
-    _, best = jax.lax.top_k(all_scores, K)  # (B, K)
-    return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
-                finished_seqs=_gather_beams(all_seqs, best),
-                finished_scores=_gather_beams(all_scores, best),
-                finished_flags=_gather_beams(all_flags, best), cache=cache)
-
-
-def beam_result(s, best_possible_lp):
-    """Sequences (B, K, L') and scores (B, K): the finished ones, or, for a sentence
-    with none, the live ones scored logprob / lp(max length)."""
-    any_finished = s["finished_flags"].any(axis=1)  # (B,)
-    tokens = jnp.where(any_finished[:, None, None], s["finished_seqs"], s["live_seqs"])
-    scores = jnp.where(any_finished[:, None], s["finished_scores"],
-                       s["live_logprobs"] / best_possible_lp)
-    return tokens, scores
 
 
 # ------------------------------------------------------- uncached baseline
@@ -303,5 +209,4 @@ def _greedy_step_uncached_jit(graphdef, state, tgt_ids, memory, src_mask, positi
     model = nnx.merge(graphdef, state)
     hidden, _, _ = model.decode(tgt_ids, memory, src_mask)  # (B, T, D)
     hidden = jax.lax.dynamic_slice_in_dim(hidden, position, 1, axis=1)  # (B, 1, D)
-    log_probs = _log_softmax(model.project(hidden)[:, 0])  # (B, V)
-    return greedy_pick(log_probs, scores, finished, pad, eos)
+    return greedy_pick(model.project(hidden)[:, 0], scores, finished, pad, eos)  # logits (B, V)

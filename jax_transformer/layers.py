@@ -29,6 +29,22 @@ def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: b
                   rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
+class KVCache:
+    """An attention sublayer's keys and values (B, L, H, Dh) while decoding, one
+    position a step: self-attention's buffers for every position, which `append`
+    fills at `position`, or cross-attention's, the memory's projected once. It
+    lives for one step (Decoder.decode_step): `append` rebinds k and v to the
+    updated arrays, which the step returns as the new cache."""
+
+    def __init__(self, k, v, position=None):
+        self.k, self.v, self.position = k, v, position
+
+    def append(self, k, v):  # (B, 1, H, Dh) each -> every position's (B, L, H, Dh)
+        self.k = jax.lax.dynamic_update_slice_in_dim(self.k, k, self.position, axis=1)
+        self.v = jax.lax.dynamic_update_slice_in_dim(self.v, v, self.position, axis=1)
+        return self.k, self.v
+
+
 class MultiHeadAttention(nnx.Module):
     """softmax(Q K^T / sqrt(Dh)) V over H heads, with explicit W_q, W_k, W_v, W_o."""
 
@@ -57,8 +73,16 @@ class MultiHeadAttention(nnx.Module):
         out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
         return self.W_o(out.reshape(*out.shape[:2], -1)), weights
 
-    def __call__(self, query, key_value, mask=None):  # (B, Tq, D), (B, Tk, D) -> (B, Tq, D)
-        return self.attend(*self.project(query, key_value), mask)
+    def __call__(self, query, key_value, mask=None, cache: KVCache | None = None):
+        """query (B, Tq, D), key_value (B, Tk, D) -> (B, Tq, D), weights (B, H, Tq, Tk).
+        While decoding, self-attention adds its keys/values to `cache` and attends to
+        all it holds; cross-attention (key_value None) reads the memory's from it."""
+        if key_value is None:
+            return self.attend(self.project_q(query), cache.k, cache.v, mask)
+        q, k, v = self.project(query, key_value)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return self.attend(q, k, v, mask)
 
 
 class FeedForward(nnx.Module):
@@ -83,20 +107,22 @@ def layer_norm(config: TransformerConfig, *, rngs, dtype, param_dtype):
 
 
 class Residual(nnx.Module):
-    """The residual connection around each sublayer f, with LayerNorm after it
-    (post-LN, the paper): LN(x + dropout(f(x))), or before it (pre-LN):
-    x + dropout(f(LN(x))). Used as: h = norm_input(x); h = f(h); x = add_residual(x, h)."""
+    """The residual connection around a sublayer f, with the layer's LayerNorm after
+    the sum (post-LN, the paper): LN(x + Dropout(f(x))), or before f (pre-LN):
+    x + Dropout(f(LN(x))). The norm is passed in, so its parameters stay the
+    layer's; f maps h (B, L, D) to its output (B, L, D) and its attention
+    weights (None for the FFN), which are returned beside the new x."""
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.pre_norm = config.pre_norm
         self.dropout = Dropout(config.dropout, rngs=rngs)
 
-    def norm_input(self, x, norm):
-        return norm(x) if self.pre_norm else x
-
-    def add_residual(self, x, sublayer_out, norm):
-        x = x + self.dropout(sublayer_out)
-        return x if self.pre_norm else norm(x)
+    def __call__(self, x, norm, sublayer):  # (B, L, D) -> (B, L, D), weights
+        if self.pre_norm:
+            out, weights = sublayer(norm(x))
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)
+        return norm(x + self.dropout(out)), weights
 
 
 class EncoderLayer(nnx.Module):
@@ -109,11 +135,9 @@ class EncoderLayer(nnx.Module):
         self.residual = Residual(config, rngs=rngs)
 
     def __call__(self, x, src_mask):  # (B, S, D) -> (B, S, D)
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, src_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+        x, self_weights = self.residual(x, self.self_attn_norm,
+                                        lambda h: self.self_attn(h, h, src_mask))
+        x, _ = self.residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, self_weights
 
 
@@ -131,18 +155,19 @@ class DecoderLayer(nnx.Module):
         self.ffn_norm = layer_norm(config, **kw)
         self.residual = Residual(config, rngs=rngs)
 
-    def __call__(self, x, memory, memory_mask, tgt_mask):  # (B, T, D), (B, S, D) -> (B, T, D)
-        """memory is None in a decoder-only model; the cross weights are then None."""
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        h, self_weights = self.self_attn(h, h, tgt_mask)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
+    def __call__(self, x, memory, memory_mask, tgt_mask, cache=None):
+        """x (B, T, D), memory (B, S, D) -> (B, T, D), self- and cross-attention weights.
+        memory is None in a decoder-only model; the cross weights are then None.
+        Decoder.decode_step passes one position (B, 1, D), memory None and `cache`,
+        this layer's (self-attention, cross-attention) KVCaches."""
+        self_cache, cross_cache = cache or (None, None)
+        x, self_weights = self.residual(x, self.self_attn_norm,
+                                        lambda h: self.self_attn(h, h, tgt_mask, self_cache))
         cross_weights = None
         if self.cross_attn is not None:
-            h = self.residual.norm_input(x, self.cross_attn_norm)
-            h, cross_weights = self.cross_attn(h, memory, memory_mask)
-            x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
+            x, cross_weights = self.residual(x, self.cross_attn_norm, lambda h: self.cross_attn(
+                h, memory, memory_mask, cross_cache))
+        x, _ = self.residual(x, self.ffn_norm, lambda h: (self.ffn(h), None))
         return x, self_weights, cross_weights
 
     # Incremental decoding: one target position at a time, with a key/value cache.
@@ -158,25 +183,6 @@ class DecoderLayer(nnx.Module):
         empty = jnp.zeros((batch_size, max_len, self.self_attn.num_heads,
                            self.self_attn.head_dim), dtype)
         return {"self_k": empty, "self_v": empty}
-
-    def decode_step(self, x, cache, position, src_mask):
-        """x (B, 1, D) at `position` -> (B, 1, D) and the cache with this position's
-        self-attention key/value written in. Same steps as __call__."""
-        h = self.residual.norm_input(x, self.self_attn_norm)
-        q, k, v = self.self_attn.project(h, h)  # (B, 1, H, Dh) each
-        self_k = jax.lax.dynamic_update_slice_in_dim(cache["self_k"], k, position, axis=1)
-        self_v = jax.lax.dynamic_update_slice_in_dim(cache["self_v"], v, position, axis=1)
-        visible = (jnp.arange(self_k.shape[1]) <= position)[None, None, None, :]  # (1, 1, 1, L)
-        h, _ = self.self_attn.attend(q, self_k, self_v, visible)
-        x = self.residual.add_residual(x, h, self.self_attn_norm)
-        if self.cross_attn is not None:
-            h = self.residual.norm_input(x, self.cross_attn_norm)
-            q = self.cross_attn.project_q(h)  # (B, 1, H, Dh)
-            h, _ = self.cross_attn.attend(q, cache["cross_k"], cache["cross_v"], src_mask)
-            x = self.residual.add_residual(x, h, self.cross_attn_norm)
-        h = self.residual.norm_input(x, self.ffn_norm)
-        x = self.residual.add_residual(x, self.ffn(h), self.ffn_norm)
-        return x, {**cache, "self_k": self_k, "self_v": self_v}
 
 
 class Encoder(nnx.Module):
@@ -203,10 +209,11 @@ class Decoder(nnx.Module):
                                 for _ in range(config.num_decoder_layers)])
         self.final_norm = layer_norm(config, **kw) if config.final_norm else None
 
-    def __call__(self, x, memory, memory_mask, tgt_mask):
+    def __call__(self, x, memory, memory_mask, tgt_mask, cache=None):
+        """`cache`: while decoding (decode_step), each layer's pair of KVCaches."""
         all_self, all_cross = [], []
-        for layer in self.layers:
-            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask)
+        for layer, layer_cache in zip(self.layers, cache or [None] * len(self.layers)):
+            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask, layer_cache)
             all_self.append(self_weights)
             if cross_weights is not None:
                 all_cross.append(cross_weights)
@@ -221,10 +228,13 @@ class Decoder(nnx.Module):
         return [layer.init_self_cache(batch_size, max_len, dtype) for layer in self.layers]
 
     def decode_step(self, x, cache, position, src_mask):  # (B, 1, D) -> (B, 1, D)
-        new_cache = []
-        for layer, layer_cache in zip(self.layers, cache):
-            x, layer_cache = layer.decode_step(x, layer_cache, position, src_mask)
-            new_cache.append(layer_cache)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, new_cache
+        """__call__ on the one position `position`: each layer's self-attention writes
+        its key/value there and attends to positions 0..position, cross-attention
+        reads the memory's keys/values; -> the hidden state and the updated cache."""
+        caches = [(KVCache(c["self_k"], c["self_v"], position),
+                   KVCache(c["cross_k"], c["cross_v"]) if "cross_k" in c else None)
+                  for c in cache]
+        L = cache[0]["self_k"].shape[1]
+        visible = (jnp.arange(L) <= position).reshape(1, 1, 1, L)
+        x, _, _ = self(x, None, src_mask, visible, caches)
+        return x, [{**c, "self_k": kv.k, "self_v": kv.v} for c, (kv, _) in zip(cache, caches)]

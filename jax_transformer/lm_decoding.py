@@ -2,8 +2,9 @@
 with the key/value cache, each search one jit-compiled loop.
 
 Read it side by side with torch_reference/lm_decoding.py: same functions, same
-steps, same tie-breaking and the same randomness as the encoder-decoder searches
-(jax_transformer/decoding.py, transformer_core.generation).
+steps. The greedy pick, sampling, log-softmax, length penalty and beam
+bookkeeping are the encoder-decoder searches' (jax_transformer/search.py), so
+tie-breaking and randomness are theirs too.
 
     greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N)
                                                     -> tokens (B, N), scores (B,)
@@ -39,10 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_transformer import sampling as sampling_module
-from jax_transformer.decoding import (_log_softmax, beam_result, beam_state, beam_update,
-                                      beams_settled, greedy_pick, length_penalty, NEG_INF)
 from jax_transformer.model import DecoderOnlyTransformer
+from jax_transformer.search import (NEG_INF, beam_result, beam_state, beam_update,
+                                    beams_settled, eval_split, greedy_pick, length_penalty,
+                                    log_softmax, prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -64,7 +65,7 @@ def _prepare(model: DecoderOnlyTransformer, prompt_ids, prompt_lengths, max_new_
     tokens = np.full((B, P + max_new_tokens), config.pad_id, np.int32)  # (B, P + N)
     for row, (prompt, n) in enumerate(zip(prompt_ids, lengths)):
         tokens[row, :n] = prompt[:n]
-    graphdef, state = nnx.split(nnx.view(model, deterministic=True))
+    graphdef, state = eval_split(model)
     ids = dict(pad=config.pad_id, eos=config.eos_id if eos_id is None else int(eos_id))
     return graphdef, state, jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32), ids
 
@@ -93,8 +94,8 @@ def sample(model: DecoderOnlyTransformer, prompt_ids, prompt_lengths=None, *,
     (B, P) prompts -> tokens (B, N) int32, scores (B,). Temperature 0 is greedy."""
     graphdef, state, tokens, lengths, ids = _prepare(model, prompt_ids, prompt_lengths,
                                                      max_new_tokens, eos_id)
-    draws, static = sampling_module.prepare(sampling, tokens.shape[0], max_new_tokens,
-                                            model.config.vocab_size, uniforms)
+    draws, static = prepare_sampling(sampling, tokens.shape[0], max_new_tokens,
+                                     model.config.vocab_size, uniforms)
     return _pick_jit(graphdef, state, tokens, lengths, draws, new_tokens=max_new_tokens,
                      **static, **ids)
 
@@ -123,11 +124,10 @@ def _pick_jit(graphdef, state, tokens, lengths, draws, *, new_tokens, eos, pad, 
         if draws is not None:
             uniforms, inverse_temperature, top_p = draws
             u = jnp.take_along_axis(uniforms, jnp.clip(n, 0, new_tokens - 1)[:, None], axis=1)
-            chosen = sampling_module.sample_ids(logits, u[:, 0], inverse_temperature, top_p,
-                                                k=k, nucleus=nucleus)
+            chosen = sample_ids(logits, u[:, 0], inverse_temperature, top_p, k=k,
+                                nucleus=nucleus)
         frozen = finished | (n < 0) | (n >= new_tokens)  # rows the decoder does not choose for
-        next_ids, scores, ended = greedy_pick(_log_softmax(logits), scores, frozen, pad, eos,
-                                              chosen)
+        next_ids, scores, ended = greedy_pick(logits, scores, frozen, pad, eos, chosen)
         prompt = jax.lax.dynamic_index_in_dim(tokens, t + 1, axis=1, keepdims=False)  # (B,)
         next_ids = jnp.where(n < 0, prompt, next_ids)
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
@@ -180,7 +180,7 @@ def _beam_jit(graphdef, state, tokens, lengths, alpha, *, new_tokens, beam_size,
         forced_ids = jax.lax.dynamic_index_in_dim(tokens, t + 1, axis=1)  # (B, 1)
         one_hot = jnp.where(jnp.arange(V) == forced_ids, 0.0, NEG_INF).astype(dtype)  # (B, V)
         log_probs = jnp.where(forced[:, :, None], one_hot[:, None],
-                              _log_softmax(logits).reshape(B, K, V))  # (B, K, V)
+                              log_softmax(logits).reshape(B, K, V))  # (B, K, V)
         length = jnp.clip(n + 1, 1, new_tokens).astype(dtype)  # generated tokens, for the penalty
         return beam_update({**s, "cache": cache}, log_probs, length, alpha, eos, may_end=~forced)
 

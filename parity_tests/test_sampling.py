@@ -1,19 +1,17 @@
 """The sampling scheme (transformer_core.generation) on made-up logits: the settings'
 checks, what top-k and top-p keep, frequencies, and JAX == torch token for token."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_transformer import sampling as jax_sampling
+from jax_transformer import search as jax_search
 from parity_tests.helpers import fast_tier, precision, to_numpy, to_torch
-from torch_reference import sampling as torch_sampling
+from torch_reference import search as torch_search
 from transformer_core.generation import Sampling, SamplingError
 
-jax_sample_ids = jax.jit(jax_sampling.sample_ids, static_argnames=("k", "nucleus"))
+jax_sample_ids = jax.jit(jax_search.sample_ids, static_argnames=("k", "nucleus"))
 
 
 def sample_both(logits, u, settings: Sampling):
@@ -22,7 +20,7 @@ def sample_both(logits, u, settings: Sampling):
     args = (1.0 / settings.temperature, settings.top_p)
     static = dict(k=settings.kept(V), nucleus=settings.top_p < 1)
     jax_ids = jax_sample_ids(jnp.asarray(logits), jnp.asarray(u), *args, **static)
-    torch_ids = torch_sampling.sample_ids(to_torch(logits), to_torch(u), *args, **static)
+    torch_ids = torch_search.sample_ids(to_torch(logits), to_torch(u), *args, **static)
     return np.asarray(jax_ids), to_numpy(torch_ids)
 
 

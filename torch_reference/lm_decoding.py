@@ -2,8 +2,8 @@
 with the key/value cache, in PyTorch.
 
 The reference for jax_transformer/lm_decoding.py (the scheme is explained
-there): same functions, same steps, same tie-breaking, the same randomness
-(transformer_core.generation). Here the loops are Python loops.
+there): same functions, same steps, the shared pieces in torch_reference/search.py
+(as for the encoder-decoder searches). Here the loops are Python loops.
 
     greedy_search(model, prompt_ids, prompt_lengths, max_new_tokens=N)
                                                     -> tokens (B, N), scores (B,)
@@ -23,11 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torch_reference import sampling as sampling_module
-from torch_reference.decoding import (_eval_mode, _log_softmax, beam_result, beam_state,
-                                      beam_update, beams_settled, greedy_pick, length_penalty,
-                                      NEG_INF)
 from torch_reference.model import DecoderOnlyTransformer
+from torch_reference.search import (NEG_INF, beam_result, beam_state, beam_update,
+                                    beams_settled, eval_mode, greedy_pick, length_penalty,
+                                    log_softmax, prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -67,7 +66,7 @@ def greedy_search(model: DecoderOnlyTransformer, prompt_ids, prompt_lengths=None
                   max_new_tokens: int, eos_id=None):
     """Greedy continuations: (B, P) prompts -> tokens (B, N) int64, scores (B,)."""
     tokens, lengths, ids = _prepare(model, prompt_ids, prompt_lengths, max_new_tokens, eos_id)
-    with _eval_mode(model):
+    with eval_mode(model):
         return _pick(model, tokens, lengths, None, new_tokens=max_new_tokens, k=0,
                      nucleus=False, **ids)
 
@@ -77,9 +76,9 @@ def sample(model: DecoderOnlyTransformer, prompt_ids, prompt_lengths=None, *,
     """Sampled continuations (temperature, top-k, top-p; see transformer_core.generation):
     (B, P) prompts -> tokens (B, N) int64, scores (B,). Temperature 0 is greedy."""
     tokens, lengths, ids = _prepare(model, prompt_ids, prompt_lengths, max_new_tokens, eos_id)
-    draws, static = sampling_module.prepare(sampling, tokens.shape[0], max_new_tokens,
-                                            model.config.vocab_size, model.device, uniforms)
-    with _eval_mode(model):
+    draws, static = prepare_sampling(sampling, tokens.shape[0], max_new_tokens,
+                                     model.config.vocab_size, model.device, uniforms)
+    with eval_mode(model):
         return _pick(model, tokens, lengths, draws, new_tokens=max_new_tokens, **static, **ids)
 
 
@@ -99,11 +98,10 @@ def _pick(model, tokens, lengths, draws, *, new_tokens, eos, pad, k, nucleus):
         if draws is not None:
             uniforms, inverse_temperature, top_p = draws
             u = uniforms.gather(1, n.clamp(0, new_tokens - 1)[:, None])
-            chosen = sampling_module.sample_ids(logits, u[:, 0], inverse_temperature, top_p,
-                                                k=k, nucleus=nucleus)
+            chosen = sample_ids(logits, u[:, 0], inverse_temperature, top_p, k=k,
+                                nucleus=nucleus)
         frozen = finished | (n < 0) | (n >= new_tokens)  # rows the decoder does not choose for
-        next_ids, scores, ended = greedy_pick(_log_softmax(logits), scores, frozen, pad, eos,
-                                              chosen)
+        next_ids, scores, ended = greedy_pick(logits, scores, frozen, pad, eos, chosen)
         prompt = tokens[:, t + 1]  # (B,)
         tokens[:, t + 1] = torch.where(n < 0, prompt, next_ids)
         finished = finished | (ended & ~frozen)
@@ -120,7 +118,7 @@ def beam_search(model: DecoderOnlyTransformer, prompt_ids, prompt_lengths=None, 
     if beam_size < 1:
         raise ValueError(f"beam_size must be positive, got {beam_size}")
     tokens, lengths, ids = _prepare(model, prompt_ids, prompt_lengths, max_new_tokens, eos_id)
-    with _eval_mode(model):
+    with eval_mode(model):
         return _beam(model, tokens, lengths, float(alpha), new_tokens=max_new_tokens,
                      beam_size=beam_size, **ids)
 
@@ -148,7 +146,7 @@ def _beam(model, tokens, lengths, alpha, *, new_tokens, beam_size, eos, pad):
         one_hot = torch.where(torch.arange(V, device=tokens.device) == forced_ids, 0.0,
                               NEG_INF).to(dtype)  # (B, V)
         log_probs = torch.where(forced[:, :, None], one_hot[:, None],
-                                _log_softmax(logits).reshape(B, K, V))  # (B, K, V)
+                                log_softmax(logits).reshape(B, K, V))  # (B, K, V)
         length = (n + 1).clamp(1, new_tokens).to(dtype)  # generated tokens, for the penalty
         return beam_update({**s, "cache": cache}, log_probs, length, alpha, eos, may_end=~forced)
 

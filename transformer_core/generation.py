@@ -8,12 +8,12 @@ the same tokens for the same seed:
 Row b's n-th sampled token consumes uniforms[b, n] (n counts the tokens that
 row generates, so a prompt's length does not shift its draws). Each framework
 turns the model's logits (B, V) and u = uniforms[:, n] into tokens in the same
-fixed order (jax_transformer/sampling.py, torch_reference/sampling.py), in the
+fixed order (search.sample_ids in jax_transformer and torch_reference), in the
 compute dtype promote(logits dtype, float32), u cast to it too:
 
 1. divide the logits by the temperature;
 2. sort them best first, ties to the lower token id (jax.lax.top_k's order,
-   torch_decoding.top_k's), keeping the top_k best (top_k 0: all);
+   torch_reference.search.top_k's), keeping the top_k best (top_k 0: all);
 3. softmax over what is kept, then cumulative sums c_0 <= c_1 <= ...;
 4. top-p keeps the smallest prefix whose mass reaches top_p: token i stays when
    the mass before it, c_{i-1}, is < top_p (the first token always stays;

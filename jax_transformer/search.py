@@ -1,0 +1,170 @@
+"""The search core in JAX: what the encoder-decoder searches (decoding.py) and
+the decoder-only ones (lm_decoding.py) share, each piece a function of arrays
+that runs inside their jit-compiled loops.
+
+Read it side by side with torch_reference/search.py: same functions, same
+steps, same dtypes, same tie-breaking (the lowest index wins a tie, as in
+`jax.lax.top_k` and `jnp.argmax`), so that both frameworks turn the same logits
+into the same tokens and scores.
+
+    eval_split(model)                      the model with dropout off, split for jit
+    log_softmax(logits)                    log-probabilities, at least float32
+    greedy_pick(logits, ...)               the argmax (or a sampled id), scores summed
+    prepare_sampling(settings, ...)        the uniforms and settings, outside jit
+    sample_ids(logits, u, ...)             one sampled id per row (transformer_core.generation)
+    length_penalty(length, alpha)          GNMT's ((5 + length) / 6) ** alpha
+    beam_state / beam_update / beams_settled / beam_result
+                                           the beam search's state, step, stop test and result
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer_core.generation import Sampling
+
+NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
+
+
+def eval_split(model):
+    """(graphdef, state) of the model in eval mode (dropout off), for a jit-compiled
+    search to merge; torch's counterpart is the eval_mode context."""
+    return nnx.split(nnx.view(model, deterministic=True))
+
+
+def log_softmax(logits):  # (..., V), at least float32
+    return jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+
+
+# ---------------------------------------------------------- greedy, sampling
+
+def greedy_pick(logits, scores, finished, pad: int, eos: int, next_ids=None):
+    """One step from next-token logits (B, V): the next ids (B,) (the argmax unless
+    given; pad once a sentence has finished), the summed log-probabilities (B,)
+    and the finished flags (B,)."""
+    log_probs = log_softmax(logits)  # (B, V)
+    if next_ids is None:
+        next_ids = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # (B,)
+    best = jnp.take_along_axis(log_probs, next_ids[:, None], axis=-1)[:, 0]
+    next_ids = jnp.where(finished, pad, next_ids)
+    scores = scores + jnp.where(finished, 0.0, best).astype(scores.dtype)
+    return next_ids, scores, finished | (next_ids == eos)
+
+
+def prepare_sampling(settings: Sampling, batch_size: int, steps: int, vocab_size: int,
+                     uniforms=None):
+    """(draws, static) for a jit-compiled search: draws = (uniforms (B, steps),
+    1 / temperature, top_p), traced, or None when greedy; static = the settings
+    that fix the compiled program (k, how many best tokens top-k keeps, and
+    whether top-p cuts). `uniforms` defaults to settings.uniforms(batch_size, steps)."""
+    if settings.greedy:
+        return None, dict(k=0, nucleus=False)
+    uniforms = settings.uniforms(batch_size, steps) if uniforms is None else np.asarray(uniforms)
+    if uniforms.shape != (batch_size, steps):
+        raise ValueError(f"uniforms must have shape {(batch_size, steps)}, got {uniforms.shape}")
+    draws = (jnp.asarray(uniforms), 1.0 / settings.temperature, float(settings.top_p))
+    return draws, dict(k=settings.kept(vocab_size), nucleus=settings.top_p < 1)
+
+
+def sample_ids(logits, u, inverse_temperature, top_p, *, k: int, nucleus: bool):
+    """logits (B, V), uniforms u (B,) -> sampled token ids (B,) int32.
+
+    In the compute dtype promote(logits, float32), u, 1/temperature and top_p
+    cast to it: scale, keep the k best (ties to the lower id), softmax,
+    cumulative sums; top-p keeps token i while the mass before it is < top_p;
+    the first kept token whose cumulative sum exceeds u * (the kept mass) wins.
+    """
+    dtype = jnp.promote_types(logits.dtype, jnp.float32)
+    x = logits.astype(dtype) * jnp.asarray(inverse_temperature).astype(dtype)
+    values, order = jax.lax.top_k(x, k)  # (B, K), best first
+    cdf = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)  # (B, K)
+    kept = jnp.full(cdf.shape[:1], k)  # (B,)
+    if nucleus:
+        kept = 1 + jnp.sum(cdf[:, :-1] < jnp.asarray(top_p).astype(dtype), axis=-1)
+    mass = jnp.take_along_axis(cdf, kept[:, None] - 1, axis=-1)  # (B, 1)
+    choice = jnp.sum(cdf <= u.astype(dtype)[:, None] * mass, axis=-1)  # (B,)
+    choice = jnp.minimum(choice, kept - 1)  # u * mass may round up to mass
+    return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------- beam
+
+def length_penalty(length, alpha: float):
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (B, K_new, ...)
+    return x[jnp.arange(x.shape[0])[:, None], beam_indices]
+
+
+# The beam search's state: step t; live and finished sequences (B, K, L') with
+# their log-probabilities and scores (B, K), best first; finished flags; the
+# cache, one row per beam (row b * K + k is beam k of sentence b).
+def beam_state(seqs, cache, dtype) -> dict:
+    """The state before the first step: every beam holds `seqs` (B, K, L'), only beam 0 lives."""
+    B, K = seqs.shape[:2]
+    live_logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), dtype), (B, 1))  # (B, K)
+    return dict(t=jnp.int32(0), live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs,
+                finished_scores=jnp.full((B, K), NEG_INF, dtype),
+                finished_flags=jnp.zeros((B, K), bool), cache=cache)
+
+
+def beams_settled(s, best_possible_lp):  # -> (B,)
+    """Sentences whose K finished scores all beat the best score a live beam could
+    still reach: a live beam's score can only fall, so its best reachable finished
+    score is live_logprob / lp(max length). Beams are sorted best first."""
+    best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
+    worst_finished = jnp.where(s["finished_flags"].all(axis=1),
+                               s["finished_scores"].min(axis=1), NEG_INF)  # (B,)
+    return worst_finished > best_live
+
+
+def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
+    """One step from the live beams' next-token log-probabilities (B, K, V): the
+    token at position t + 1 written, the cache reordered, the finished kept.
+    `length` (scalar or (B, 1)): the hypotheses' length for the penalty;
+    `may_end` (B, 1): where False, eos finishes nothing (a forced token)."""
+    t, (B, K, V) = s["t"], log_probs.shape
+    log_probs = log_probs + s["live_logprobs"][:, :, None]
+    # The 2K best extensions over all beams (2K, so that K stay live even if
+    # K of them end here). Index beam * V + token; ties: lowest index first.
+    top_logprobs, top_indices = jax.lax.top_k(log_probs.reshape(B, K * V), 2 * K)  # (B, 2K)
+    top_beams, top_tokens = top_indices // V, top_indices % V
+    top_seqs = gather_beams(s["live_seqs"], top_beams).at[:, :, t + 1].set(top_tokens)
+    ended = (top_tokens == eos) & may_end  # (B, 2K)
+
+    # Live: the K best that did not end.
+    alive_scores = jnp.where(ended, top_logprobs + NEG_INF, top_logprobs)
+    _, keep = jax.lax.top_k(alive_scores, K)  # (B, K)
+    live_seqs = gather_beams(top_seqs, keep)
+    live_logprobs = gather_beams(alive_scores, keep)
+    parent = gather_beams(top_beams, keep)  # (B, K): the old beam each comes from
+    rows = (jnp.arange(B)[:, None] * K + parent).reshape(B * K)
+    cache = [{**c, "self_k": c["self_k"][rows], "self_v": c["self_v"][rows]}
+             for c in s["cache"]]
+
+    # Finished: the K best of the old finished and those that ended now.
+    new_scores = top_logprobs / length_penalty(length, alpha)
+    new_scores = jnp.where(ended, new_scores, new_scores + NEG_INF)
+    all_seqs = jnp.concatenate([s["finished_seqs"], top_seqs], axis=1)  # (B, 3K, L')
+    all_scores = jnp.concatenate([s["finished_scores"], new_scores], axis=1)  # (B, 3K)
+    all_flags = jnp.concatenate([s["finished_flags"], ended], axis=1)
+    _, best = jax.lax.top_k(all_scores, K)  # (B, K)
+    return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+                finished_seqs=gather_beams(all_seqs, best),
+                finished_scores=gather_beams(all_scores, best),
+                finished_flags=gather_beams(all_flags, best), cache=cache)
+
+
+def beam_result(s, best_possible_lp):
+    """Sequences (B, K, L') and scores (B, K): the finished ones, or, for a sentence
+    with none, the live ones scored logprob / lp(max length)."""
+    any_finished = s["finished_flags"].any(axis=1)  # (B,)
+    tokens = jnp.where(any_finished[:, None, None], s["finished_seqs"], s["live_seqs"])
+    scores = jnp.where(any_finished[:, None], s["finished_scores"],
+                       s["live_logprobs"] / best_possible_lp)
+    return tokens, scores
