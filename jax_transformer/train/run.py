@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import signal
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ from jax_transformer import signals
 from jax_transformer.model import build_model
 from jax_transformer.train import compiling, evaluation, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
+from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
+from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings
@@ -37,11 +38,6 @@ from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_s
                                            open_workdir, write_text_atomically)
 from transformer_core.checkpoint_dir import CONFIG_FILE, write_atomically
 from transformer_core.config import TransformerConfig
-from transformer_core.errors import RunFailed
-
-
-class TrainingDiverged(RunFailed):
-    """The loss or the gradient norm became non-finite."""
 
 
 class TrainingRun:
@@ -120,7 +116,8 @@ class TrainingRun:
         """The loop: steps up to --steps, or until --time-budget has passed; metrics,
         evaluations, checkpoints. Returns the final state, saved, and the run's report
         (batches, compiling, speed, what stopped it). SIGINT/SIGTERM: the step finishes
-        and is saved (train.interrupts), then signals.Interrupted says so."""
+        and is saved (train.interrupts), then signals.Interrupted says so. The host
+        reads no device value between the logging points (late_metrics.py)."""
         settings, checkpointer = self.settings.train, self.checkpointer
         compiled_before = compiling.CompileCounter.snapshot()
         state = self.trainer.initial_state
@@ -129,102 +126,111 @@ class TrainingRun:
             state, data_state = checkpointer.restore_newest_intact(state, warn=log)
             set_data_position(batches, data_state, self.settings.data, int(state.step))
             log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
-        start_step = int(state.step)
+        start_step = step = int(state.step)  # counted on the host from here on
         # Opened before compiling, so that once "compiled in" is printed a stop is deferred
         # to the end of a step (and saved) without a gap.
         metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
                                  tensorboard=self.workdir / TENSORBOARD_DIR
                                  if settings.tensorboard else None)
-        ahead_seconds = self.compile_ahead(state)
+        ahead_seconds = self.compile_ahead(state, step)
+        updates = Prefetcher(batches, self.trainer.shard_batch, settings.accumulate,
+                             self.trainer.pad_id)
+        data_state = batches.get_state()  # the position of the batches trained on so far
         real_tokens, started = 0, time.time()
         seconds_before_training = time.monotonic() - self.started
         deadline = (self.started + settings.time_budget if settings.time_budget is not None
                     else None)
         last_saved = start_step if self.resuming else None
+        late = LateMetrics(settings.log_every, started)
         progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                         disable=settings.quiet or not self.primary, dynamic_ncols=True)
         with interrupts.deferred_stops(deadline) as stops, progress, \
-                contextlib.closing(metrics_log):
+                contextlib.closing(metrics_log), contextlib.closing(updates):
             compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
             log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
                 f"{compiled['cache_hits']} loaded from the cache")
             if start_step < settings.steps:  # at the first step these programs train
                 metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
-            while int(state.step) < settings.steps and not stops.agreed():
-                step_started = time.time()
-                state, metrics = self.step(state, batches)
-                step = int(state.step)
-                loss, grad_norm = self.finite_metrics(metrics, step, last_saved)
-                tokens = int(metrics["tokens"])
-                real_tokens += tokens
-                lr = float(self.schedule(step - 1))
-                tokens_per_s = tokens / max(time.time() - step_started, 1e-9)
-                metrics_log.write(step=step, loss=loss, lr=lr, grad_norm=grad_norm,
-                                  tokens=tokens, tokens_per_s=round(tokens_per_s, 1),
-                                  elapsed=round(time.time() - started, 3))
-                progress.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}",
-                                     tok_s=f"{tokens_per_s:,.0f}")
-                progress.update(1)
-                if step % settings.eval_every == 0 or step == settings.steps:
+
+            def read_metrics(all_steps: bool) -> float | None:  # the newest loss read
+                read = self.checked(late, all_steps, last_saved)
+                for m in read:
+                    lr = float(self.schedule(m.step - 1))
+                    metrics_log.write(step=m.step, loss=m.loss, lr=lr, grad_norm=m.grad_norm,
+                                      tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
+                                      elapsed=round(m.elapsed, 3))
+                    progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{lr:.2e}",
+                                         tok_s=f"{m.tokens_per_s:,.0f}")
+                    progress.update(1)
+                return read[-1].loss if read else None
+
+            while step < settings.steps and not stops.agreed():
+                update = next(updates)
+                state, metrics = self.step(state, update.micro_batches)
+                step, data_state = step + 1, update.data_state
+                real_tokens += update.tokens
+                late.add(step, metrics, update.tokens)
+                evaluate = step % settings.eval_every == 0 or step == settings.steps
+                save = step % settings.checkpoint_every == 0 or step == settings.steps
+                if late.due() or evaluate or save:
+                    loss = read_metrics(all_steps=evaluate or save)
+                if evaluate:
                     dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
                     metrics_log.write(step=step, dev_loss=dev["loss"],
                                       dev_perplexity=dev["perplexity"])
                     log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
                         f"dev perplexity {dev['perplexity']:.3f}")
-                if step % settings.checkpoint_every == 0 or step == settings.steps:
-                    checkpointer.save(state, batches.get_state())
+                if save:
+                    checkpointer.save(state, data_state)
                     last_saved = step
+            read_metrics(all_steps=True)  # before the final save
             if stops.out_of_time:
-                log(f"--time-budget {settings.time_budget:g} s spent: stopping after step "
-                    f"{int(state.step)}")
-            if int(state.step) != last_saved:  # a signal or the budget between checkpoints
-                checkpointer.save(state, batches.get_state())
+                log(f"--time-budget {settings.time_budget:g} s spent: stopping after step {step}")
+            if step != last_saved:  # a signal or the budget between checkpoints
+                checkpointer.save(state, data_state)
             checkpointer.wait()
         if stops.signum is not None:
             raise signals.Interrupted(f"{signal.Signals(stops.signum).name}: saved step "
-                                      f"{int(state.step)} in {checkpointer.manager.directory}; "
+                                      f"{step} in {checkpointer.manager.directory}; "
                                       "run the same command to resume", stops.signum)
         report = self.training_report(
-            steps=int(state.step) - start_step, compiled_before=compiled_before,
+            steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
             seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time)
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")
         return state, report
 
-    def compile_ahead(self, state) -> float:
+    def compile_ahead(self, state, step: int) -> float:
         """Compile the step's programs for every batch shape before the first step (or
         load them from the cache); returns the seconds it took."""
         settings = self.settings.train
         programs = self.trainer.programs(state, self.batches["train"].shapes(),
                                          settings.accumulate)
         with signals.signal_handlers(signals.exit_at_once(
-                f"stopped while compiling, before step {int(state.step) + 1}; saved checkpoints "
+                f"stopped while compiling, before step {step + 1}; saved checkpoints "
                 "are intact; run the same command to resume")):
             log(f"compiling {len(programs)} programs ahead of time ("
                 + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
             return compiling.compile_ahead(programs, log)
 
-    def step(self, state, batches):
-        """One optimizer update on --accumulate micro-batches: (state, metrics)."""
-        micro_batches = [self.trainer.shard_batch(next(batches))
-                         for _ in range(self.settings.train.accumulate)]
+    def step(self, state, micro_batches):
+        """One optimizer update on --accumulate micro-batches: (state, device metrics)."""
         if len(micro_batches) == 1:
             return self.trainer.train_step(state, micro_batches[0])
         return self.trainer.accumulate(state, micro_batches)
 
-    def finite_metrics(self, metrics, step: int, last_saved: int | None) -> tuple[float, float]:
-        """(loss, gradient norm), or TrainingDiverged when either is not finite: the run
-        stops before the bad state is saved."""
-        loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+    def checked(self, late: LateMetrics, all_steps: bool, last_saved: int | None):
+        """The late metrics; a non-finite one stops the run before any save, saying which
+        checkpoint is the last good one."""
+        try:
+            return late.read(all_steps)
+        except TrainingDiverged as e:
             self.checkpointer.wait()
             where = (f"the last good checkpoint is step {last_saved} in "
                      f"{self.checkpointer.manager.directory}" if last_saved is not None
                      else "no checkpoint was written")
-            raise TrainingDiverged(f"loss {loss} / gradient norm {grad_norm} at step "
-                                   f"{step}: stopping; {where}")
-        return loss, grad_norm
+            raise TrainingDiverged(f"{e}; {where}") from None
 
     def training_report(self, *, steps: int, compiled_before, ahead_seconds: float,
                         seconds: float, real_tokens: int, seconds_before_training: float,

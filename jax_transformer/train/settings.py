@@ -222,6 +222,9 @@ class TrainSettings:
     checkpoint_every: int = setting(200, "steps between orbax checkpoints")
     keep: int = setting(3, "checkpoints kept")
     eval_every: int = setting(200, "steps between held-out loss evaluations")
+    log_every: int = setting(1, "steps between reads of the training metrics (loss, gradient "
+                                "norm) from the devices; each read waits only for the step "
+                                "before the one just started, so the devices never idle on it")
     beam: int = setting(1, "beam size for the final test translation; 1 = greedy")
     decode_batch_size: int = setting(250, "sentences per batch when translating the test set")
     samples: int = setting(5, "sample translations (or continuations) printed at the end")
@@ -239,7 +242,7 @@ class TrainSettings:
 
     def __post_init__(self):
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "beam", "decode_batch_size"):
+                     "log_every", "beam", "decode_batch_size"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
@@ -256,7 +259,7 @@ class TrainSettings:
 
 # Settings that only steer how long / how visibly a run goes; the others must
 # match when a work directory is resumed.
-RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "checkpoint_every", "keep",
+RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "quiet", "tensorboard", "compile_cache",
                                "time_budget"})

@@ -34,6 +34,7 @@ from transformer_core.errors import RunFailed
 from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
+from jax_transformer.train.run import TrainingRun
 from jax_transformer.train.workdir import check_run_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from torch_reference import Transformer as TorchTransformer
@@ -203,6 +204,47 @@ def test_sigkill_loses_at_most_the_steps_since_the_last_checkpoint(reference_run
     assert killed_at - 2 * 2 <= latest <= killed_at < 12
     tiny_run(tmp_path, "--steps", "12", "--checkpoint-every", "2")
     assert losses(tmp_path) == losses(reference)
+
+
+class Watched:
+    """A step's metric that records, when the loop reads it, how many steps had been
+    dispatched by then."""
+
+    def __init__(self, value, step: int, dispatched: list, reads: list):
+        self.value, self.step, self.dispatched, self.reads = value, step, dispatched, reads
+
+    def __array__(self, dtype=None, copy=None):  # what jax.device_get and float() call
+        self.reads.append((self.step, len(self.dispatched)))
+        return np.asarray(self.value, dtype)
+
+    def __float__(self):
+        return float(self.__array__())
+
+    def __int__(self):
+        return int(self.__array__())
+
+
+@pytest.mark.slow
+def test_the_loop_reads_no_device_value_between_its_logging_points(tmp_path, monkeypatch):
+    """A step's metrics are read only once a later step is dispatched, or at a logging
+    point (an evaluation, a checkpoint); with --log-every 4, every 4 steps. A loop
+    that reads the loss after every step fails here. metrics.jsonl still has every
+    step's line, in order."""
+    dispatched, reads = [], []
+    step = TrainingRun.step
+
+    def watched_step(run, state, micro_batches):
+        state, metrics = step(run, state, micro_batches)
+        dispatched.append(len(dispatched) + 1)
+        return state, {k: Watched(v, len(dispatched), dispatched, reads)
+                       for k, v in metrics.items()}
+    monkeypatch.setattr(TrainingRun, "step", watched_step)
+    TrainingRun(tiny_settings(tmp_path, "--steps", "12", "--log-every", "4", "--eval-every",
+                              "6", "--checkpoint-every", "12")).run()
+    assert [step for step, _ in losses(tmp_path)] == list(range(1, 13))
+    logging_points = {6, 12}  # --eval-every, --checkpoint-every, the last step
+    assert reads and all(then > step or then in logging_points for step, then in reads)
+    assert {then for _, then in reads} <= {5, 6, 11, 12}  # every 4 steps, one late
 
 
 @pytest.mark.slow
