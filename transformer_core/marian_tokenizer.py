@@ -6,23 +6,11 @@ Needs sentencepiece (and sacremoses for `normalize`), neither JAX nor torch.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
-from typing import Any
 
 from transformer_core.config import TransformerConfig
+from transformer_core import text
 from transformer_core.tokenizer import TokenizerError
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON file holding an object, or a TokenizerError naming the file."""
-    try:
-        values = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TokenizerError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(values, dict):
-        raise TokenizerError(f"{path} must hold a JSON object, got {type(values).__name__}")
-    return values
 
 
 def split_language_code(text: str) -> tuple[str | None, str]:
@@ -60,9 +48,10 @@ class MarianTokenizer:
         if "source" not in self.spm or not (directory / "vocab.json").is_file():
             raise TokenizerError(f"{directory} has no Marian tokenizer (source.spm + vocab.json)")
         self.spm.setdefault("target", self.spm["source"])
-        self.vocab = {"source": read_json_object(directory / "vocab.json")}
+        self.vocab = {"source": text.read_json_object(directory / "vocab.json", TokenizerError)}
         target_vocab = directory / "target_vocab.json"
-        self.vocab["target"] = (read_json_object(target_vocab) if target_vocab.is_file()
+        self.vocab["target"] = (text.read_json_object(target_vocab, TokenizerError)
+                                if target_vocab.is_file()
                                 else self.vocab["source"])
         for vocab in self.vocab.values():
             for piece in ("</s>", "<unk>", "<pad>"):
@@ -76,7 +65,8 @@ class MarianTokenizer:
         self.supported_language_codes = [piece for piece in self.vocab["source"]
                                           if piece.startswith(">>") and piece.endswith("<<")]
         config = directory / "tokenizer_config.json"
-        self.source_lang = (read_json_object(config).get("source_lang") if config.is_file()
+        self.source_lang = (text.read_json_object(config, TokenizerError).get("source_lang")
+                            if config.is_file()
                             else None)  # as transformers' from_pretrained reads it
         if not isinstance(self.source_lang, (str, type(None))):
             raise TokenizerError(f"{config}: source_lang must be a language code or null, got "

@@ -1,8 +1,12 @@
-"""Reading lines of user text (translate's input, generate's prompts, parity's sentences)."""
+"""Reading user files: lines of text (translate's input, generate's prompts, parity's
+sentences) and JSON objects (tokenizer vocabularies, converted models' configs)."""
 
 from __future__ import annotations
 
 import codecs
+import json
+from pathlib import Path
+from typing import Any
 
 from transformer_core.errors import InputError
 
@@ -27,3 +31,14 @@ def split_lines(data: bytes, source: str) -> list[str]:
             raise TextError(f"{source} is not UTF-8 text (line {number}, byte "
                             f"{e.start + 1}: {e.reason})") from e
     return texts
+
+
+def read_json_object(path: Path, error: type[InputError] = TextError) -> dict[str, Any]:
+    """A JSON file holding an object, or `error` naming the file."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(values, dict):
+        raise error(f"{path} must hold a JSON object, got {type(values).__name__}")
+    return values

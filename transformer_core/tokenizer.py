@@ -40,17 +40,6 @@ class CheckpointTokenizer(Protocol):
     def encode_target(self, text: str) -> list[int]:
         """Target-side ids without bos or eos (teacher forcing adds them)."""
 
-    def encode_source(self, text: str) -> list[int]:
-        return self.encode(text) + [EOS_ID]
-
-    def encode_target(self, text: str) -> list[int]:
-        return self.encode(text)
-
-    normalizes = False  # train.py's corpora are tokenized as they are
-
-    def normalize(self, text: str) -> str:
-        return text
-
     def decode(self, ids: Sequence[int]) -> str:
         """Target ids -> text, up to the first eos."""
 

@@ -9,13 +9,13 @@ tensors out of a `TensorConsumer`, which names every tensor nobody asked for.
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from transformer_core import text
 from transformer_core.errors import InputError, listing
 
 
@@ -87,13 +87,7 @@ def first_sentence(error: Exception) -> str:
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object, or a PortError naming the file."""
-    try:
-        values = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PortError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(values, dict):
-        raise PortError(f"{path} must hold a JSON object, got {type(values).__name__}")
-    return values
+    return text.read_json_object(path, PortError)
 
 
 def torch_to_numpy(tensor) -> np.ndarray:
