@@ -10,13 +10,22 @@ log-softmax, the length penalty and the beam search's bookkeeping.
                                                          -> tokens (B, L), scores (B,)
     beam_search(model, src_ids, max_len=..., beam_size=4, alpha=0.6)
                                                          -> tokens (B, K, L), scores (B, K)
+    beam_search(..., alpha=1.0, length_penalty_style="hf")   transformers' beam search
     greedy_search_uncached(model, src_ids, max_len=...) -> the seed-style baseline
 
 Tokens are the generated ids (the decoder's start token is not included),
 ending with eos and padded with pad after it; L = max_len. Greedy and sampled
 scores are sums of the model's log-probabilities (eos included; sampling's
 temperature and cuts do not change them); beam scores are those sums divided
-by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first.
+by the GNMT length penalty ((5 + length) / 6) ** alpha, best beam first (or,
+with length_penalty_style="hf", transformers' length ** alpha and its rules for
+which beams finish: search.beam_update).
+
+`forced_first` (an id, or one per sentence; a negative id forces nothing) is
+the first generated token, as transformers' `forced_bos_token_id` (M2M100 and
+NLLB's target-language code): every search must pick it, and, as in
+transformers, its log-probability counts as 0 in the scores (the logits
+processor leaves it probability 1).
 Sampling draws its randomness in numpy (transformer_core.generation), so both
 frameworks pick the same tokens for the same seed.
 
@@ -37,9 +46,10 @@ from flax import nnx
 
 from jax_transformer.masks import padding_mask
 from jax_transformer.model import Transformer
-from jax_transformer.search import (beam_result, beam_state, beam_update, beams_settled,
-                                    eval_split, greedy_pick, length_penalty, log_softmax,
-                                    prepare_sampling, sample_ids)
+from jax_transformer.search import (LENGTH_PENALTY_STYLES, beam_result, beam_state,
+                                    beam_update, beams_settled, eval_split, force_tokens,
+                                    greedy_pick, length_penalty, log_softmax, prepare_sampling,
+                                    sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -57,20 +67,33 @@ def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
     return graphdef, state, src_ids, src_mask, ids
 
 
+def _forced_ids(forced_first, batch_size: int, vocab_size: int):
+    """An id or one per row (negative: none) -> (B,) int32, or None when nothing is forced."""
+    if forced_first is None:
+        return None
+    forced = np.broadcast_to(np.asarray(forced_first, np.int64), (batch_size,))
+    if (forced >= vocab_size).any():
+        raise ValueError(f"forced_first ids must be below the target vocabulary size "
+                         f"{vocab_size}, got {forced.max()}")
+    return jnp.asarray(forced, jnp.int32)
+
+
 # ------------------------------------------------------------------ greedy
 
-def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None):
+def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, eos_id=None,
+                  forced_first=None):
     """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int32, scores (B,).
 
     `eos_id` overrides the config's (benchmarks pass -1 to never stop early).
     """
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
-    return _pick_jit(graphdef, state, src_ids, src_mask, None, max_len=max_len, k=0,
+    forced = _forced_ids(forced_first, src_ids.shape[0], model.config.tgt_vocab_size)
+    return _pick_jit(graphdef, state, src_ids, src_mask, None, forced, max_len=max_len, k=0,
                      nucleus=False, **ids)
 
 
 def sample(model: Transformer, src_ids, *, max_len: int, sampling: Sampling, uniforms=None,
-           src_mask=None, eos_id=None):
+           src_mask=None, eos_id=None, forced_first=None):
     """Sampling (temperature, top-k, top-p; see transformer_core.generation):
     (B, S) source ids -> tokens (B, max_len) int32, scores (B,). Token t of
     sentence b uses uniforms[b, t], by default sampling.uniforms(B, max_len).
@@ -78,13 +101,17 @@ def sample(model: Transformer, src_ids, *, max_len: int, sampling: Sampling, uni
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
     draws, static = prepare_sampling(sampling, src_ids.shape[0], max_len,
                                      model.config.tgt_vocab_size, uniforms)
-    return _pick_jit(graphdef, state, src_ids, src_mask, draws, max_len=max_len, **static, **ids)
+    forced = _forced_ids(forced_first, src_ids.shape[0], model.config.tgt_vocab_size)
+    return _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, max_len=max_len,
+                     **static, **ids)
 
 
 @functools.partial(jax.jit, static_argnums=0,
                    static_argnames=("max_len", "bos", "eos", "pad", "k", "nucleus"))
-def _pick_jit(graphdef, state, src_ids, src_mask, draws, *, max_len, bos, eos, pad, k, nucleus):
-    """Greedy (draws None) or sampling (draws = uniforms, 1/temperature, top_p)."""
+def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos, eos, pad, k,
+              nucleus):
+    """Greedy (draws None) or sampling (draws = uniforms, 1/temperature, top_p); `forced`
+    None or the first tokens (B,) (negative: none)."""
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
@@ -101,6 +128,8 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, *, max_len, bos, eos, p
         t, tokens, scores, finished, cache = carry
         inputs = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
         logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
+        if forced is not None:
+            logits = force_tokens(logits, forced, (t == 0) & (forced >= 0))
         chosen = None
         if draws is not None:
             uniforms, inverse_temperature, top_p = draws
@@ -117,7 +146,8 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, *, max_len, bos, eos, p
 # -------------------------------------------------------------------- beam
 
 def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4,
-                alpha: float = 0.6, src_mask=None, eos_id=None):
+                alpha: float = 0.6, src_mask=None, eos_id=None, forced_first=None,
+                length_penalty_style: str = "gnmt"):
     """Beam search as in the Flax WMT example: (B, S) source ids ->
     tokens (B, K, max_len) int32 and scores (B, K), best beam first.
 
@@ -127,17 +157,24 @@ def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4
     all beat the best score a live beam could still reach; the loop ends when
     that holds for every sentence, or at max_len. A sentence with no finished
     hypothesis returns its live beams, scored logprob / lp(max_len).
+    `length_penalty_style="hf"` is transformers' generate(num_beams=K,
+    length_penalty=alpha) instead (see search.beam_update).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be positive, got {beam_size}")
+    if length_penalty_style not in LENGTH_PENALTY_STYLES:
+        raise ValueError(f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, "
+                         f"got {length_penalty_style!r}")
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
-    return _beam_jit(graphdef, state, src_ids, src_mask, jnp.asarray(float(alpha)),
-                     max_len=max_len, beam_size=beam_size, **ids)
+    forced = _forced_ids(forced_first, src_ids.shape[0], model.config.tgt_vocab_size)
+    return _beam_jit(graphdef, state, src_ids, src_mask, jnp.asarray(float(alpha)), forced,
+                     max_len=max_len, beam_size=beam_size, style=length_penalty_style, **ids)
 
 
 @functools.partial(jax.jit, static_argnums=0,
-                   static_argnames=("max_len", "beam_size", "bos", "eos", "pad"))
-def _beam_jit(graphdef, state, src_ids, src_mask, alpha, *, max_len, beam_size, bos, eos, pad):
+                   static_argnames=("max_len", "beam_size", "style", "bos", "eos", "pad"))
+def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, beam_size, style,
+              bos, eos, pad):
     model = nnx.merge(graphdef, state)
     B, K = src_ids.shape[0], beam_size
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
@@ -150,17 +187,21 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, *, max_len, beam_size, 
 
     seqs = jnp.full((B, K, max_len + 1), pad, jnp.int32).at[:, :, 0].set(bos)  # (B, K, 1 + L)
     init = beam_state(seqs, cache, dtype)
-    best_possible_lp = length_penalty(max_len, alpha)
+    best_possible_lp = length_penalty(max_len, alpha, style)
+    forced = None if forced is None else jnp.repeat(forced, K)  # (B*K,)
 
     def not_done(s):
-        return (s["t"] < max_len) & ~jnp.all(beams_settled(s, best_possible_lp))
+        return (s["t"] < max_len) & ~jnp.all(beams_settled(s, best_possible_lp, style))
 
     def step(s):
         t = s["t"]
         inputs = s["live_seqs"][:, :, t].reshape(B * K, 1)  # (B*K, 1)
         logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B*K, V)
-        log_probs = log_softmax(logits).reshape(B, K, -1)  # (B, K, V)
-        return beam_update({**s, "cache": cache}, log_probs, t + 1, alpha, eos)
+        log_probs = log_softmax(logits)  # (B*K, V)
+        if forced is not None:
+            log_probs = force_tokens(log_probs, forced, (t == 0) & (forced >= 0))
+        return beam_update({**s, "cache": cache}, log_probs.reshape(B, K, -1), t + 1, alpha, eos,
+                           style=style, last=t + 1 >= max_len)
 
     tokens, scores = beam_result(jax.lax.while_loop(not_done, step, init), best_possible_lp)
     return tokens[:, :, 1:], scores

@@ -12,7 +12,9 @@ into the same tokens and scores.
     greedy_pick(logits, ...)               the argmax (or a sampled id), scores summed
     prepare_sampling(settings, ...)        the uniforms and settings, outside jit
     sample_ids(logits, u, ...)             one sampled id per row (transformer_core.generation)
-    length_penalty(length, alpha)          GNMT's ((5 + length) / 6) ** alpha
+    force_tokens(scores, ids, force)       rows where `force`: only `ids` possible (log-prob 0)
+    length_penalty(length, alpha, style)   GNMT's ((5 + length) / 6) ** alpha, or
+                                           transformers' length ** alpha (style "hf")
     beam_state / beam_update / beams_settled / beam_result
                                            the beam search's state, step, stop test and result
 """
@@ -90,10 +92,25 @@ def sample_ids(logits, u, inverse_temperature, top_p, *, k: int, nucleus: bool):
     return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
+def force_tokens(scores, forced_ids, force):
+    """scores (N, V) (logits or log-probabilities), forced_ids (N,), force (N,) bool: in
+    the rows where `force`, the forced id gets 0 and every other id NEG_INF, as
+    transformers' ForcedBOSTokenLogitsProcessor does (with -inf). Greedy and sampling
+    then pick it, beam search keeps it, and its log-probability counts as 0."""
+    one_hot = jnp.where(jnp.arange(scores.shape[-1]) == forced_ids[:, None], 0.0, NEG_INF)
+    return jnp.where(force[:, None], one_hot.astype(scores.dtype), scores)
+
+
 # ---------------------------------------------------------------------- beam
 
-def length_penalty(length, alpha: float):
-    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+LENGTH_PENALTY_STYLES = ("gnmt", "hf")
+
+
+def length_penalty(length, alpha: float, style: str = "gnmt"):
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; "hf": transformers'
+    |Y| ** alpha (its generate's length_penalty), |Y| counting eos, not the start token."""
+    if style == "hf":
+        return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -103,31 +120,44 @@ def gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (
 
 # The beam search's state: step t; live and finished sequences (B, K, L') with
 # their log-probabilities and scores (B, K), best first; finished flags; the
-# cache, one row per beam (row b * K + k is beam k of sentence b).
+# cache, one row per beam (row b * K + k is beam k of sentence b); with the "hf"
+# style, `settled` (B,): sentences whose finished beams no longer change.
 def beam_state(seqs, cache, dtype) -> dict:
     """The state before the first step: every beam holds `seqs` (B, K, L'), only beam 0 lives."""
     B, K = seqs.shape[:2]
     live_logprobs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (K - 1), dtype), (B, 1))  # (B, K)
     return dict(t=jnp.int32(0), live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs,
                 finished_scores=jnp.full((B, K), NEG_INF, dtype),
-                finished_flags=jnp.zeros((B, K), bool), cache=cache)
+                finished_flags=jnp.zeros((B, K), bool), settled=jnp.zeros((B,), bool),
+                cache=cache)
 
 
-def beams_settled(s, best_possible_lp):  # -> (B,)
+def beams_settled(s, best_possible_lp, style: str = "gnmt"):  # -> (B,)
     """Sentences whose K finished scores all beat the best score a live beam could
     still reach: a live beam's score can only fall, so its best reachable finished
-    score is live_logprob / lp(max length). Beams are sorted best first."""
+    score is live_logprob / lp(max length). Beams are sorted best first. The "hf"
+    style uses transformers' heuristic instead (beam_update keeps it in `settled`)."""
+    if style == "hf":
+        return s["settled"]
     best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
     worst_finished = jnp.where(s["finished_flags"].all(axis=1),
                                s["finished_scores"].min(axis=1), NEG_INF)  # (B,)
     return worst_finished > best_live
 
 
-def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
+def beam_update(s, log_probs, length, alpha, eos: int, may_end=True, style: str = "gnmt",
+                last=False) -> dict:
     """One step from the live beams' next-token log-probabilities (B, K, V): the
     token at position t + 1 written, the cache reordered, the finished kept.
     `length` (scalar or (B, 1)): the hypotheses' length for the penalty;
-    `may_end` (B, 1): where False, eos finishes nothing (a forced token)."""
+    `may_end` (B, 1): where False, eos finishes nothing (a forced token).
+
+    style "gnmt" (the Flax WMT example): any of the 2K best extensions ending in
+    eos may finish. style "hf" (transformers' generate, early_stopping=False):
+    only those among the K best may, extensions at the last position (`last`)
+    finish whatever their token, and a sentence is settled (finishes nothing
+    more) once all K finished scores are at least its best live logprob /
+    lp(length) - transformers' heuristic, the current length, not the longest."""
     t, (B, K, V) = s["t"], log_probs.shape
     log_probs = log_probs + s["live_logprobs"][:, :, None]
     # The 2K best extensions over all beams (2K, so that K stay live even if
@@ -136,6 +166,8 @@ def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
     top_beams, top_tokens = top_indices // V, top_indices % V
     top_seqs = gather_beams(s["live_seqs"], top_beams).at[:, :, t + 1].set(top_tokens)
     ended = (top_tokens == eos) & may_end  # (B, 2K)
+    if style == "hf":
+        ended = ended | last
 
     # Live: the K best that did not end.
     alive_scores = jnp.where(ended, top_logprobs + NEG_INF, top_logprobs)
@@ -148,16 +180,24 @@ def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
              for c in s["cache"]]
 
     # Finished: the K best of the old finished and those that ended now.
-    new_scores = top_logprobs / length_penalty(length, alpha)
-    new_scores = jnp.where(ended, new_scores, new_scores + NEG_INF)
+    finishing = ended
+    if style == "hf":
+        finishing = ended & (jnp.arange(2 * K) < K) & ~s["settled"][:, None]
+    new_scores = top_logprobs / length_penalty(length, alpha, style)
+    new_scores = jnp.where(finishing, new_scores, new_scores + NEG_INF)
     all_seqs = jnp.concatenate([s["finished_seqs"], top_seqs], axis=1)  # (B, 3K, L')
     all_scores = jnp.concatenate([s["finished_scores"], new_scores], axis=1)  # (B, 3K)
-    all_flags = jnp.concatenate([s["finished_flags"], ended], axis=1)
+    all_flags = jnp.concatenate([s["finished_flags"], finishing], axis=1)
     _, best = jax.lax.top_k(all_scores, K)  # (B, K)
-    return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
-                finished_seqs=gather_beams(all_seqs, best),
-                finished_scores=gather_beams(all_scores, best),
-                finished_flags=gather_beams(all_flags, best), cache=cache)
+    out = dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+               finished_seqs=gather_beams(all_seqs, best),
+               finished_scores=gather_beams(all_scores, best),
+               finished_flags=gather_beams(all_flags, best), settled=s["settled"], cache=cache)
+    if style == "hf":
+        best_live = (live_logprobs[:, :1] / length_penalty(length, alpha, style))[:, 0]
+        out["settled"] = s["settled"] | (out["finished_flags"].all(axis=1)
+                                         & (out["finished_scores"].min(axis=1) >= best_live))
+    return out
 
 
 def beam_result(s, best_possible_lp):

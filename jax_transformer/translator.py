@@ -3,7 +3,9 @@
 The tokenizer is the checkpoint's (checkpoint_dir.load_tokenizer): ours, or a
 converted opus-mt model's Marian tokenizer, whose multilingual models take the
 target language as a code at the start of each line, ">>fra<< text", as with
-transformers. `framework="torch"` runs torch_reference (on CUDA when torch sees
+transformers; a converted M2M100/NLLB model's (transformer_core.fairseq_tokenizer) needs
+the source and target languages (set_languages), and its searches force the target
+code as the first generated token (transformers' forced_bos_token_id). `framework="torch"` runs torch_reference (on CUDA when torch sees
 a GPU) and does not import JAX.
 """
 
@@ -44,6 +46,26 @@ def load(checkpoint, framework: str):
     return model, tokenizer
 
 
+def set_languages(tokenizer: CheckpointTokenizer, src_lang: str | None,
+                  tgt_lang: str | None) -> None:
+    """Give an M2M100/NLLB tokenizer its language codes (both required); refuse codes for
+    a tokenizer that takes none, and unknown codes with the list of known ones."""
+    takes_codes = hasattr(tokenizer, "set_languages")
+    if not takes_codes:
+        if src_lang or tgt_lang:
+            raise TranslateError("--src-lang/--tgt-lang are for converted M2M100/NLLB "
+                                 "checkpoints; this one takes none (a multilingual opus-mt "
+                                 "model takes >>code<< at the start of each line)")
+        return
+    if not (src_lang and tgt_lang):
+        raise TranslateError(f"this {tokenizer.family} checkpoint needs --src-lang and "
+                             f"--tgt-lang; known codes: {' '.join(tokenizer.languages)}")
+    try:
+        tokenizer.set_languages(src_lang, tgt_lang)
+    except TokenizerError as e:
+        raise TranslateError(str(e)) from None
+
+
 def source_ids(tokenizer: CheckpointTokenizer, text: str, line: int) -> list[int]:
     """Input line number `line`'s source ids, ending in eos."""
     try:
@@ -53,11 +75,13 @@ def source_ids(tokenizer: CheckpointTokenizer, text: str, line: int) -> list[int
 
 
 def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
-                    alpha=0.6, max_len=None, batch_size=32, progress=None) -> list[str]:
+                    alpha=0.6, max_len=None, batch_size=32, progress=None,
+                    length_penalty_style="gnmt") -> list[str]:
     """One translation per line, in order; a blank line gives a blank translation without
     running the model. Sentences are sorted by length into batches and padded to the
     training buckets' lengths (jax_transformer.data.packing), so JAX compiles once per
-    length bucket, not once per batch."""
+    length bucket, not once per batch. `length_penalty_style` "hf" is transformers' beam
+    search (length_penalty = alpha)."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
         raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
@@ -89,11 +113,13 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = sources[i]
         out_len = max_len or min(config.max_len, 2 * width + 10)
+        forced = getattr(tokenizer, "forced_first_id", None)  # the target language's code
         if beam == 1:
-            tokens, _ = decoding.greedy_search(model, src, max_len=out_len)
+            tokens, _ = decoding.greedy_search(model, src, max_len=out_len, forced_first=forced)
         else:
             tokens, _ = decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
-                                             alpha=alpha)
+                                             alpha=alpha, forced_first=forced,
+                                             length_penalty_style=length_penalty_style)
             tokens = tokens[:, 0]  # the best beam
         tokens = np.asarray(tokens.cpu() if framework == "torch" else tokens)
         for row, i in enumerate(batch):

@@ -13,7 +13,9 @@ tokens and scores.
     greedy_pick(logits, ...)               the argmax (or a sampled id), scores summed
     prepare_sampling(settings, ...)        the uniforms and settings
     sample_ids(logits, u, ...)             one sampled id per row (transformer_core.generation)
-    length_penalty(length, alpha)          GNMT's ((5 + length) / 6) ** alpha
+    force_tokens(scores, ids, force)       rows where `force`: only `ids` possible (log-prob 0)
+    length_penalty(length, alpha, style)   GNMT's ((5 + length) / 6) ** alpha, or
+                                           transformers' length ** alpha (style "hf")
     beam_state / beam_update / beams_settled / beam_result
                                            the beam search's state, step, stop test and result
 """
@@ -106,10 +108,26 @@ def sample_ids(logits, u, inverse_temperature, top_p, *, k: int, nucleus: bool):
     return order.gather(-1, choice[:, None])[:, 0]
 
 
+def force_tokens(scores, forced_ids, force):
+    """scores (N, V) (logits or log-probabilities), forced_ids (N,), force (N,) bool: in
+    the rows where `force`, the forced id gets 0 and every other id NEG_INF, as
+    transformers' ForcedBOSTokenLogitsProcessor does (with -inf). Greedy and sampling
+    then pick it, beam search keeps it, and its log-probability counts as 0."""
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    one_hot = torch.where(vocab == forced_ids[:, None], 0.0, NEG_INF).to(scores.dtype)
+    return torch.where(force[:, None], one_hot, scores)
+
+
 # ---------------------------------------------------------------------- beam
 
-def length_penalty(length, alpha: float):
-    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+LENGTH_PENALTY_STYLES = ("gnmt", "hf")
+
+
+def length_penalty(length, alpha: float, style: str = "gnmt"):
+    """GNMT (Wu et al. 2016): lp(Y) = ((5 + |Y|) / 6) ** alpha; "hf": transformers'
+    |Y| ** alpha (its generate's length_penalty), |Y| counting eos, not the start token."""
+    if style == "hf":
+        return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -119,7 +137,8 @@ def gather_beams(x, beam_indices):  # x (B, K_old, ...), indices (B, K_new) -> (
 
 # The beam search's state: step t; live and finished sequences (B, K, L') with
 # their log-probabilities and scores (B, K), best first; finished flags; the
-# cache, one row per beam (row b * K + k is beam k of sentence b).
+# cache, one row per beam (row b * K + k is beam k of sentence b); with the "hf"
+# style, `settled` (B,): sentences whose finished beams no longer change.
 def beam_state(seqs, cache, dtype) -> dict:
     """The state before the first step: every beam holds `seqs` (B, K, L'), only beam 0 lives."""
     B, K = seqs.shape[:2]
@@ -128,24 +147,35 @@ def beam_state(seqs, cache, dtype) -> dict:
     return dict(t=0, live_seqs=seqs, live_logprobs=live_logprobs, finished_seqs=seqs.clone(),
                 finished_scores=torch.full((B, K), NEG_INF, dtype=dtype, device=seqs.device),
                 finished_flags=torch.zeros((B, K), dtype=torch.bool, device=seqs.device),
-                cache=cache)
+                settled=torch.zeros((B,), dtype=torch.bool, device=seqs.device), cache=cache)
 
 
-def beams_settled(s, best_possible_lp):  # -> (B,)
+def beams_settled(s, best_possible_lp, style: str = "gnmt"):  # -> (B,)
     """Sentences whose K finished scores all beat the best score a live beam could
     still reach: a live beam's score can only fall, so its best reachable finished
-    score is live_logprob / lp(max length). Beams are sorted best first."""
+    score is live_logprob / lp(max length). Beams are sorted best first. The "hf"
+    style uses transformers' heuristic instead (beam_update keeps it in `settled`)."""
+    if style == "hf":
+        return s["settled"]
     best_live = s["live_logprobs"][:, 0] / best_possible_lp  # (B,)
     worst_finished = torch.where(s["finished_flags"].all(dim=1),
                                  s["finished_scores"].min(dim=1).values, NEG_INF)  # (B,)
     return worst_finished > best_live
 
 
-def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
+def beam_update(s, log_probs, length, alpha, eos: int, may_end=True, style: str = "gnmt",
+                last=False) -> dict:
     """One step from the live beams' next-token log-probabilities (B, K, V): the
     token at position t + 1 written, the cache reordered, the finished kept.
     `length` (scalar or (B, 1)): the hypotheses' length for the penalty;
-    `may_end` (B, 1): where False, eos finishes nothing (a forced token)."""
+    `may_end` (B, 1): where False, eos finishes nothing (a forced token).
+
+    style "gnmt" (the Flax WMT example): any of the 2K best extensions ending in
+    eos may finish. style "hf" (transformers' generate, early_stopping=False):
+    only those among the K best may, extensions at the last position (`last`)
+    finish whatever their token, and a sentence is settled (finishes nothing
+    more) once all K finished scores are at least its best live logprob /
+    lp(length) - transformers' heuristic, the current length, not the longest."""
     t, (B, K, V) = s["t"], log_probs.shape
     log_probs = log_probs + s["live_logprobs"][:, :, None]
     # The 2K best extensions over all beams (2K, so that K stay live even if
@@ -155,6 +185,8 @@ def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
     top_seqs = gather_beams(s["live_seqs"], top_beams)
     top_seqs[:, :, t + 1] = top_tokens
     ended = (top_tokens == eos) & may_end  # (B, 2K)
+    if style == "hf":
+        ended = ended | last
 
     # Live: the K best that did not end.
     alive_scores = torch.where(ended, top_logprobs + NEG_INF, top_logprobs)
@@ -167,16 +199,25 @@ def beam_update(s, log_probs, length, alpha, eos: int, may_end=True) -> dict:
              for c in s["cache"]]
 
     # Finished: the K best of the old finished and those that ended now.
-    new_scores = top_logprobs / length_penalty(length, alpha)
-    new_scores = torch.where(ended, new_scores, new_scores + NEG_INF)
+    finishing = ended
+    if style == "hf":
+        top = torch.arange(2 * K, device=ended.device) < K
+        finishing = ended & top & ~s["settled"][:, None]
+    new_scores = top_logprobs / length_penalty(length, alpha, style)
+    new_scores = torch.where(finishing, new_scores, new_scores + NEG_INF)
     all_seqs = torch.cat([s["finished_seqs"], top_seqs], dim=1)  # (B, 3K, L')
     all_scores = torch.cat([s["finished_scores"], new_scores], dim=1)  # (B, 3K)
-    all_flags = torch.cat([s["finished_flags"], ended], dim=1)
+    all_flags = torch.cat([s["finished_flags"], finishing], dim=1)
     _, best = top_k(all_scores, K)  # (B, K)
-    return dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
-                finished_seqs=gather_beams(all_seqs, best),
-                finished_scores=gather_beams(all_scores, best),
-                finished_flags=gather_beams(all_flags, best), cache=cache)
+    out = dict(t=t + 1, live_seqs=live_seqs, live_logprobs=live_logprobs,
+               finished_seqs=gather_beams(all_seqs, best),
+               finished_scores=gather_beams(all_scores, best),
+               finished_flags=gather_beams(all_flags, best), settled=s["settled"], cache=cache)
+    if style == "hf":
+        best_live = (live_logprobs[:, :1] / length_penalty(length, alpha, style))[:, 0]
+        out["settled"] = s["settled"] | (out["finished_flags"].all(dim=1)
+                                         & (out["finished_scores"].min(dim=1).values >= best_live))
+    return out
 
 
 def beam_result(s, best_possible_lp):

@@ -30,6 +30,7 @@ import safetensors.numpy
 
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError, listing
+from transformer_core.fairseq_tokenizer import FairseqTokenizer
 from transformer_core.marian_tokenizer import MarianTokenizer
 from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer, TokenizerError
 
@@ -195,10 +196,13 @@ def tokenizer_path(directory: str | os.PathLike) -> Path | None:
 
 
 def load_tokenizer(directory: str | os.PathLike) -> CheckpointTokenizer:
-    """The directory's tokenizer: a converted Marian model's (source.spm + vocab.json) or
+    """The directory's tokenizer: a converted Marian model's (source.spm + vocab.json), an
+    M2M100/NLLB model's (sentencepiece.bpe.model + fairseq_tokenizer.json) or
     ours (tokenizer.model); a TokenizerError when it has neither."""
     if MarianTokenizer.is_present(directory):
         return MarianTokenizer(directory)
+    if FairseqTokenizer.is_present(directory):
+        return FairseqTokenizer(directory)
     path = tokenizer_path(directory)
     if path is None:
         raise TokenizerError(f"{directory} has no {TOKENIZER_FILE} (nor Marian's source.spm + "

@@ -11,7 +11,9 @@ before any work and written atomically: a failed write keeps the old file.
 The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
 eos) or, in a converted opus-mt model, Marian's source.spm + vocab.json
 (transformer_core.marian_tokenizer): a multilingual model's target language is a code at the
-start of each line, ">>fra<< text", as with transformers; --normalize-punctuation
+start of each line, ">>fra<< text", as with transformers; a converted M2M100/NLLB
+model's (sentencepiece.bpe.model + fairseq_tokenizer.json) takes --src-lang and
+--tgt-lang (codes as transformers names them: fr, fra_Latn); --normalize-punctuation
 applies the Moses punctuation normaliser of OPUS-MT's pre-processing first.
 Sentences are sorted by length into batches and padded to the training buckets'
 lengths (jax_transformer.data.packing), so JAX compiles once per length bucket,
@@ -30,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from jax_transformer.commands import exit_codes
-from jax_transformer.translator import TranslateError, load, translate_lines
+from jax_transformer.translator import TranslateError, load, set_languages, translate_lines
 from transformer_core import checkpoint_dir
 from transformer_core.text import split_lines
 
@@ -46,6 +48,13 @@ def parse_args(argv=None):
     p.add_argument("--framework", choices=("jax", "torch"), default="jax")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy search (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
+    p.add_argument("--length-penalty-style", choices=("gnmt", "hf"), default="gnmt",
+                   help="gnmt: ((5 + len) / 6) ** alpha (default); hf: transformers' "
+                        "generate(num_beams, length_penalty=alpha), len ** alpha")
+    p.add_argument("--src-lang", help="M2M100/NLLB checkpoints: the source language code "
+                                      "(fr, fra_Latn)")
+    p.add_argument("--tgt-lang", help="M2M100/NLLB checkpoints: the target language code, "
+                                      "forced as the first generated token")
     p.add_argument("--max-len", type=int, default=None,
                    help="most output tokens per sentence (default: twice the padded source "
                         "length + 10, at most the model's max_len)")
@@ -81,6 +90,7 @@ def translate_command(argv=None) -> int:
     if args.output:
         check_output(Path(args.output))
     model, tokenizer = load(args.checkpoint, args.framework)
+    set_languages(tokenizer, args.src_lang, args.tgt_lang)
     if args.normalize_punctuation and not tokenizer.normalizes:
         raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm + "
                              f"vocab.json); {args.checkpoint} has {checkpoint_dir.TOKENIZER_FILE}")
@@ -98,7 +108,8 @@ def translate_command(argv=None) -> int:
     start = time.perf_counter()
     translations = translate_lines(lines, model, tokenizer, framework=args.framework,
                                    beam=args.beam, alpha=args.alpha, max_len=args.max_len,
-                                   batch_size=args.batch_size, progress=progress)
+                                   batch_size=args.batch_size, progress=progress,
+                                   length_penalty_style=args.length_penalty_style)
     seconds = time.perf_counter() - start
     text = "".join(t + "\n" for t in translations)
     if args.output:

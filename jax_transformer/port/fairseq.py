@@ -13,7 +13,7 @@ position_offset pad_id + 1. Stored position tables are checked, not copied.
 fairseq numbers positions by counting non-pad tokens: a pad gets the (zero)
 pad row, and left padding shifts the positions. Ours are indices, equal at
 every real token of a right-padded row; pads differ, but they are masked.
-Tokenizer files are not converted.
+M2M100's and NLLB's tokenizers are converted with the weights (fairseq_tokens.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 
 # transformers' activation names and BART's layer names are Marian's.
 from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
+from jax_transformer.port.fairseq_tokens import m2m100_tokenizer, write_m2m100_tokenizer
 from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
                                           read_json_object)
 from transformer_core import checkpoint_dir
@@ -211,6 +212,9 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> Transf
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face {family} "
                         "directory)")
     config = make_config(read_json_object(src_dir / "config.json"))
+    tokenizer = m2m100_tokenizer(src_dir) if family == "M2M100" else None
     tensors = make_tensors(read_hf_weights(src_dir), config)
     checkpoint_dir.save_dir(out_dir, config, tensors)
+    if tokenizer is not None:
+        write_m2m100_tokenizer(src_dir, Path(out_dir), tokenizer)
     return config
