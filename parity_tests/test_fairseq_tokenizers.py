@@ -20,7 +20,7 @@ import torch
 
 from jax_transformer.commands import translate as translate_command
 from parity_tests import test_port_fairseq
-from parity_tests.helpers import to_numpy
+from parity_tests.helpers import fast_tier, to_numpy
 from transformer_core import checkpoint_dir
 from transformer_core.fairseq_tokenizer import FairseqTokenizer
 
@@ -108,7 +108,7 @@ def test_ids_and_text_equal_transformers(converted):
         tgt if family == "nllb" else f"__{tgt}__")
 
 
-@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("beam", fast_tier([1, 3], fast={3}))
 def test_translate_equals_generate_with_forced_bos(converted, tmp_path, beam):
     family, tok, model, ours_dir = converted
     src, tgt = LANGS[family]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from transformer_core.config import TransformerConfig
-from transformer_core.marian_tokenizer import read_json_object
+from transformer_core.text import read_json_object
 from transformer_core.tokenizer import TokenizerError
 
 SPM_FILE, VOCAB_FILE = "sentencepiece.bpe.model", "fairseq_tokenizer.json"
@@ -46,7 +46,7 @@ class FairseqTokenizer:
             raise TokenizerError(f"{directory} has no M2M100/NLLB tokenizer ({SPM_FILE} + "
                                  f"{VOCAB_FILE})")
         self.sp = spm.SentencePieceProcessor(model_file=str(directory / SPM_FILE))
-        values = read_json_object(directory / VOCAB_FILE)
+        values = read_json_object(directory / VOCAB_FILE, TokenizerError)
         try:
             self.family = values["family"]
             self.vocab = dict(values["pieces"])
