@@ -96,3 +96,13 @@ def test_command_line_torch_needs_no_jax(checkpoint):
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
+
+
+def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("the cat\na dog\n".encode("utf-16-le"))
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt-file", prompts,
+                               "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines()[0].startswith(f"error: --prompt-file {prompts} looks like UTF-16 "
+                                          "LE text")

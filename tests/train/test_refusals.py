@@ -1,0 +1,41 @@
+"""train.py refusing what it cannot do well, through its command line: seeds out of
+range, text in UTF-16, held-out splits that leave nothing or that no line fits, a
+time budget too short for one step; and what its evaluation reports."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from jax_transformer.commands import train as train_command
+from tests.train.runs import REPO_ROOT, TINY
+
+LM = ["--task", "lm", "--max-tokens", "256"]
+
+
+def run_main(tmp_path, capsys, *flags):
+    """train.py's main() in this process: (exit code, stdout, stderr lines)."""
+    code = train_command.main(["--workdir", str(tmp_path / "run"), *TINY, *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def book(n: int, long_line: int | None = None) -> str:
+    """n short lines of text; line `long_line` of 40 distinct words."""
+    lines = [f"line {i}: " + " ".join(["the cat sat on the mat", "a dog ran", "birds sing"][
+        i % 3].split()[: 2 + i % 5]) for i in range(n)]
+    if long_line is not None:
+        lines[long_line] = " ".join(f"word{i}" for i in range(40))
+    return "".join(line + "\n" for line in lines)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16"])
+def test_a_text_file_in_utf16_is_refused(tmp_path, capsys, encoding):
+    """It trained on NUL-interleaved text (no byte order mark), or skipped the byte order
+    mark's line as not UTF-8 and trained on the rest."""
+    text = tmp_path / "book.txt"
+    text.write_bytes(book(400).encode(encoding))
+    code, _, err = run_main(tmp_path, capsys, *LM, "--text-path", str(text))
+    assert code == 2 and err[-1].startswith(f"error: {text} ")
+    assert "UTF-16 LE text" in err[-1] and "not UTF-8" in err[-1]
+    assert not (tmp_path / "run" / "tokenizer.model").exists()
