@@ -98,6 +98,16 @@ def test_command_line_torch_needs_no_jax(checkpoint):
     assert len(result.stdout.splitlines()) == 2
 
 
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
+def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
+        checkpoint, capsys, alpha):
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--beam-size", "2",
+                               "--alpha", alpha, "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
+                                f"penalty), got {float(alpha)}"]
+
+
 def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("the cat\na dog\n".encode("utf-16-le"))

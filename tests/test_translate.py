@@ -249,6 +249,19 @@ def test_a_failed_write_keeps_the_previous_output(torch_checkpoint, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-0.5"])
+def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
+        torch_checkpoint, tmp_path, capsys, alpha):
+    """--alpha nan used to search with NaN scores and print garbage, with exit code 0."""
+    source = tmp_path / "source.txt"
+    source.write_text("the quick brown fox\na small red house\n")
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--beam", "3", "--alpha", alpha, "--input", source], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
+                                f"penalty), got {float(alpha)}"]
+
+
 # Two lines as iconv writes them: -t utf-16le and -t utf-16be (no byte order mark), -t utf-16
 # and -t utf-32 (a byte order mark first). ASCII text in UTF-16 is valid UTF-8 (NULs between
 # the letters); an ü makes a byte that is not.

@@ -36,7 +36,7 @@ from transformer_core.errors import InputError
 
 
 class SamplingError(InputError):
-    """A sampling setting is out of range; the message names it."""
+    """A sampling (or search) setting is out of range; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,13 @@ class Sampling:
     def uniforms(self, batch_size: int, steps: int) -> np.ndarray:
         """The draws, float64 in [0, 1): row b's n-th sampled token uses [b, n]."""
         return np.random.default_rng(int(self.seed)).random((batch_size, steps))
+
+
+def check_alpha(alpha: float) -> None:
+    """Raise SamplingError unless --alpha, beam search's length penalty, is a number >= 0:
+    a NaN, infinite or negative one makes the search rank garbage first."""
+    if not 0 <= alpha < math.inf:  # NaN fails too
+        raise SamplingError(f"--alpha must be a number >= 0 (0: no length penalty), got {alpha}")
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int,
