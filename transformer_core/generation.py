@@ -11,7 +11,11 @@ turns the model's logits (B, V) and u = uniforms[:, n] into tokens in the same
 fixed order (jax_transformer/sampling.py, torch_reference/sampling.py), in the
 compute dtype promote(logits dtype, float32), u cast to it too:
 
-1. divide the logits by the temperature;
+1. divide the logits by the temperature, after subtracting the row's best logit
+   (x = (logits - max) * min(1 / temperature, the dtype's largest number)): the
+   best token scores 0 and no score overflows, so a temperature so small that
+   1 / temperature (or logits / temperature) overflows samples as greedy
+   decoding does, but for exact ties (the limit as the temperature goes to 0);
 2. sort them best first, ties to the lower token id (jax.lax.top_k's order,
    torch_decoding.top_k's), keeping the top_k best (top_k 0: all);
 3. softmax over what is kept, then cumulative sums c_0 <= c_1 <= ...;
