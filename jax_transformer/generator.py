@@ -31,11 +31,10 @@ def load(checkpoint, framework: str):
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise GenerateError(f"checkpoint directory {directory} does not exist")
+    for name in (checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise GenerateError(checkpoint_dir.missing_file(directory, name))
     config_file = directory / checkpoint_dir.CONFIG_FILE
-    if not config_file.is_file():
-        hint = (f" (a train.py workdir? its model is in {directory / 'export'})"
-                if (directory / "export" / checkpoint_dir.CONFIG_FILE).is_file() else "")
-        raise GenerateError(f"{directory} has no {checkpoint_dir.CONFIG_FILE}{hint}")
     architecture = TransformerConfig.from_json(config_file).architecture
     if architecture != "decoder_only":
         hint = (" (jaxformer-translate runs encoder_decoder ones)"

@@ -116,3 +116,20 @@ def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
     assert (code, out) == (2, [])
     assert err.splitlines()[0].startswith(f"error: --prompt-file {prompts} looks like UTF-16 "
                                           "LE text")
+
+
+def test_a_train_workdir_is_named_with_its_export(checkpoint, tmp_path, capsys):
+    """A train.py work directory has a config.json (and tokenizer.model) of its own, so
+    the hint that its model is in export/ never fired: `has no model.safetensors`."""
+    workdir = tmp_path / "run"
+    (workdir / "export").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (workdir / "export" / name).write_bytes((checkpoint / name).read_bytes())
+    for name in ("config.json", "tokenizer.model"):
+        (workdir / name).write_bytes((checkpoint / name).read_bytes())
+    for framework in ("jax", "torch"):
+        code, out, err = run_main(["--checkpoint", workdir, "--prompt", "a", "--framework",
+                                   framework], capsys)
+        assert (code, out) == (2, [])
+        assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
+                                    f"work directory? its model is in {workdir / 'export'})"]

@@ -304,3 +304,23 @@ def test_a_nul_byte_in_utf8_text_is_refused(torch_checkpoint, tmp_path, capsys):
     assert err.splitlines() == [f"error: --input {source} is not UTF-8 text: line 2 holds a "
                                 "NUL byte (byte 3), which text never does (UTF-16? UTF-32? "
                                 "a binary file?)"]
+
+
+def test_a_train_workdir_is_named_with_its_export(jax_checkpoint, tmp_path, capsys):
+    """A train.py work directory holds config.json and tokenizer.model but its model is in
+    export/: the error says so (it used to say only `has no model.safetensors`)."""
+    workdir = tmp_path / "run"
+    (workdir / "export").mkdir(parents=True)
+    (workdir / "checkpoints").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (workdir / "export" / name).write_bytes((jax_checkpoint / name).read_bytes())
+    for name in ("config.json", "tokenizer.model"):
+        (workdir / name).write_bytes((jax_checkpoint / name).read_bytes())
+    source = tmp_path / "source.txt"
+    source.write_text("the cat\n")
+    for framework in ("jax", "torch"):
+        code, out, err = run_main(["--checkpoint", workdir, "--framework", framework,
+                                   "--input", source], capsys)
+        assert (code, out) == (2, [])
+        assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
+                                    f"work directory? its model is in {workdir / 'export'})"]
