@@ -73,6 +73,10 @@ def generate(prompts, model, tokenizer, *, framework="jax", sampling=Sampling(),
                                config.pad_id)
     if max_new_tokens is None:
         max_new_tokens = min(100, config.max_len - ids.shape[1])
+        if max_new_tokens < 1:  # the default: no flag to name
+            raise GenerateError(f"the longest prompt ({ids.shape[1]} tokens with bos) leaves no "
+                                f"room for a continuation in the model's max_len "
+                                f"{config.max_len}; shorten it")
     if max_new_tokens < 1 or ids.shape[1] + max_new_tokens > config.max_len:
         raise GenerateError(f"the longest prompt ({ids.shape[1]} tokens with bos) and "
                             f"--max-new-tokens {max_new_tokens} exceed the model's max_len "

@@ -108,6 +108,19 @@ def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
                                 f"penalty), got {float(alpha)}"]
 
 
+def test_a_prompt_longer_than_the_model_names_no_flag_the_user_did_not_give(checkpoint,
+                                                                            capsys):
+    """The default --max-new-tokens is what fits after the prompt: a prompt that fills the
+    model's 32 positions used to be reported as `--max-new-tokens -N`."""
+    prompt = " ".join(["the quick brown fox"] * 12)
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--prompt", prompt,
+                               "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert len(err.splitlines()) == 1 and "--max-new-tokens" not in err
+    assert err.startswith("error: the longest prompt (") and "tokens with bos) leaves no room " \
+        "for a continuation in the model's max_len 32; shorten it" in err
+
+
 def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("the cat\na dog\n".encode("utf-16-le"))
