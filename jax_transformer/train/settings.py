@@ -15,6 +15,7 @@ files written before a setting existed or was renamed still resume
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -26,6 +27,7 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
+MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -218,7 +220,8 @@ class TrainSettings:
     accumulate: int = setting(1, "micro-batches per update, gradients summed exactly")
     dtype: str = setting("float32", "compute dtype; parameters and optimizer state stay "
                                     "float32", choices=("float32", "bfloat16"))
-    seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout")
+    seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout "
+                           f"(0 to {MAX_SEED})")
     checkpoint_every: int = setting(200, "steps between orbax checkpoints")
     keep: int = setting(3, "checkpoints kept")
     eval_every: int = setting(200, "steps between held-out loss evaluations")
@@ -249,8 +252,11 @@ class TrainSettings:
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
                                      f"got {self.clip_norm}")
-        require(self.temperature >= 0, f"--temperature must be 0 (greedy) or positive, "
-                                       f"got {self.temperature}")
+        require(0 <= self.temperature < math.inf, f"--temperature must be 0 (greedy) or "
+                f"positive, got {self.temperature}")
+        # JAX keys take 32 bits of a seed: 2**32 would be seed 0 again; numpy refuses -1.
+        require(0 <= self.seed <= MAX_SEED, f"--seed must be from 0 to {MAX_SEED}, "
+                                            f"got {self.seed}")
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
 
 

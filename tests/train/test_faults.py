@@ -268,6 +268,8 @@ def test_a_corpus_changed_under_a_run_is_named_on_resume(tmp_path):
     (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
     (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
     (["--time-budget", "0"], "--time-budget must be positive (seconds), got 0.0"),
+    (["--seed", "-1"], "--seed must be from 0 to 4294967295, got -1"),
+    (["--seed", "99999999999999999999"], "--seed must be from 0 to 4294967295, got 9999"),
     (["--workdir", "FILE"], "is a file, not a directory"),
 ])
 def test_bad_flags_get_one_line_naming_the_flag_before_any_work(tmp_path, flags, message):

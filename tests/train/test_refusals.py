@@ -29,6 +29,14 @@ def book(n: int, long_line: int | None = None) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999", "4294967296"])
+def test_a_seed_out_of_range_is_refused_naming_the_flag(tmp_path, capsys, seed):
+    """-1 and 2**66 were tracebacks (numpy, JAX); 2**32 silently trained as seed 0."""
+    code, _, err = run_main(tmp_path, capsys, "--seed", seed)
+    assert code == 2 and err == [f"error: --seed must be from 0 to 4294967295, got {seed}"]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16"])
 def test_a_text_file_in_utf16_is_refused(tmp_path, capsys, encoding):
     """It trained on NUL-interleaved text (no byte order mark), or skipped the byte order
