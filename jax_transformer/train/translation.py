@@ -50,9 +50,9 @@ class TranslationTask:
         return {**held_out, **given}
 
 
-    def encode(self, tokenizer: Tokenizer, pairs, max_len: int):
+    def encode(self, tokenizer: Tokenizer, pairs, max_len: int, name: str | None = None):
         """(src_ids, tgt_ids, report): encoding.encode_pairs."""
-        return encode_pairs(tokenizer, pairs, max_len=max_len)
+        return encode_pairs(tokenizer, pairs, max_len=max_len, name=name)
 
 
     def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,

@@ -5,6 +5,7 @@ time budget too short for one step; and what its evaluation reports."""
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 
 from jax_transformer.commands import train as train_command
@@ -47,3 +48,16 @@ def test_a_text_file_in_utf16_is_refused(tmp_path, capsys, encoding):
     assert code == 2 and err[-1].startswith(f"error: {text} ")
     assert "UTF-16 LE text" in err[-1] and "not UTF-8" in err[-1]
     assert not (tmp_path / "run" / "tokenizer.model").exists()
+
+
+def test_a_split_whose_every_line_is_too_long_is_named(tmp_path, capsys):
+    """Only the one held-out test line is longer than --max-len: the error said "every
+    line is longer than max_len", of a corpus whose training lines all fit."""
+    test_line = int(np.random.default_rng(0).permutation(400)[0])  # holdout_split's, seed 0
+    text = tmp_path / "book.txt"
+    text.write_text(book(400, long_line=test_line))
+    code, _, err = run_main(tmp_path, capsys, *LM, "--text-path", str(text), "--num-dev", "1",
+                            "--num-test", "1", "--max-len", "32")
+    assert code == 2
+    assert err[-1] == ("error: every line of the test split (1) is longer than max_len 32 "
+                       "tokens with its bos or eos; raise --max-len")
