@@ -145,6 +145,20 @@ class DataSettings:
     def builtin(self) -> bool:
         return not (self.src_path or self.columns_path or self.text_path)
 
+    def held_out(self, available: int, source: str, unit: str,
+                 given: tuple[str, ...] = ()) -> tuple[int, int]:
+        """(dev, test): how many of the `available` usable examples of `source` to hold
+        out (none for a split in `given`, which has files of its own); a TrainError naming
+        --num-dev / --num-test when that leaves none to train on."""
+        sizes = {split: 0 if split in given else getattr(self, f"num_{split}")
+                 for split in ("dev", "test")}
+        if sum(sizes.values()) >= available:
+            flags = [f"{flag('num_' + split)} {n}" for split, n in sizes.items() if n]
+            raise TrainError(f"{' + '.join(flags)} held-out {unit} leave none of the "
+                             f"{available} usable {unit} of {source} to train on; lower "
+                             + ("them" if len(flags) > 1 else "it"))
+        return sizes["dev"], sizes["test"]
+
     @property
     def architecture(self) -> str:
         return TASK_ARCHITECTURES[self.task]

@@ -39,14 +39,15 @@ class TranslationTask:
         else:
             pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
         log(f"corpus: {report}")
+        source = report.source  # the training corpus: its files (and columns)
         given = {}
         for split in ("dev", "test"):
             src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
             if src:
                 given[split], report = corpora.read_parallel_text(src, tgt)
                 log(f"{split}: {report}")
-        held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
-                                         0 if "test" in given else data.num_test, seed=seed)
+        held_out = corpora.holdout_split(
+            pairs, *data.held_out(len(pairs), source, "pairs", tuple(given)), seed=seed)
         return {**held_out, **given}
 
 

@@ -50,6 +50,16 @@ def test_a_text_file_in_utf16_is_refused(tmp_path, capsys, encoding):
     assert not (tmp_path / "run" / "tokenizer.model").exists()
 
 
+def test_held_out_splits_that_leave_nothing_to_train_on_name_the_flags(tmp_path, capsys):
+    text = tmp_path / "book.txt"
+    text.write_text(book(30))
+    code, _, err = run_main(tmp_path, capsys, *LM, "--text-path", str(text), "--num-dev", "20",
+                            "--num-test", "20")
+    assert code == 2
+    assert err[-1] == (f"error: --num-dev 20 + --num-test 20 held-out lines leave none of the "
+                       f"30 usable lines of {text} to train on; lower them")
+
+
 def test_a_split_whose_every_line_is_too_long_is_named(tmp_path, capsys):
     """Only the one held-out test line is longer than --max-len: the error said "every
     line is longer than max_len", of a corpus whose training lines all fit."""
