@@ -4,6 +4,8 @@ time budget too short for one step; and what its evaluation reports."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -71,3 +73,22 @@ def test_a_split_whose_every_line_is_too_long_is_named(tmp_path, capsys):
     assert code == 2
     assert err[-1] == ("error: every line of the test split (1) is longer than max_len 32 "
                        "tokens with its bos or eos; raise --max-len")
+
+
+@pytest.mark.slow
+def test_a_time_budget_spent_before_the_first_step_says_so_and_exports_nothing(tmp_path):
+    """--time-budget 0.001 exported the untrained model with exit code 0, and matplotlib
+    warned "No artists with labels found to put in legend" drawing its empty loss curve."""
+    workdir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(workdir), *TINY,
+                             "--time-budget", "0.001"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "No artists" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --time-budget 0.001 s ran out before the first training "
+                           "step (setting up took ")
+    assert last.endswith("no step ran, so no checkpoint was saved and no model exported; give "
+                         "a longer budget")
+    assert result.stdout == "" and not (workdir / "export").exists()
+    assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
