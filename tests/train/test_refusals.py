@@ -4,13 +4,16 @@ time budget too short for one step; and what its evaluation reports."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import sacrebleu
 
 from jax_transformer.commands import train as train_command
+from jax_transformer.train.evaluation import translation_metrics
 from tests.train.runs import REPO_ROOT, TINY
 
 LM = ["--task", "lm", "--max-tokens", "256"]
@@ -92,3 +95,34 @@ def test_a_time_budget_spent_before_the_first_step_says_so_and_exports_nothing(t
                          "a longer budget")
     assert result.stdout == "" and not (workdir / "export").exists()
     assert not (workdir / "checkpoints").exists() or not any((workdir / "checkpoints").iterdir())
+
+
+def test_bleu_counts_only_n_grams_the_references_have():
+    """One-word references (the built-in number corpus): BLEU-4 is 0 even for perfect
+    output, so "bleu" is BLEU-1 there and says why; real sentences get BLEU-4."""
+    words = ["dreihundert", "zweiundvierzig", "eins", "sieben"]
+    perfect = translation_metrics(words, words)
+    assert sacrebleu.corpus_bleu(words, [words]).score == 0.0  # what was reported
+    assert perfect["bleu"] == pytest.approx(100.0)
+    assert (perfect["bleu_order"], perfect["exact_match"]) == (1, 1.0)
+    assert perfect["bleu_note"].startswith("bleu is BLEU-1, not BLEU-4: 4 of the 4 references "
+                                           "have fewer than 4 tokens")
+    sentences = ["the cat sat on the mat", "a dog ran over the hill", "the bird sings", "x"]
+    hypotheses = ["the cat sat on a mat", "a dog ran over the hill", "a bird sings", "x"]
+    scores = translation_metrics(hypotheses, sentences)
+    assert scores["bleu_order"] == 4 and "bleu_note" not in scores
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [sentences]).score > 0
+
+
+@pytest.mark.slow
+def test_the_summary_of_a_number_corpus_run_reports_bleu_that_means_something(tmp_path,
+                                                                           capsys):
+    code, out, err = run_main(tmp_path, capsys, "--steps", "2")
+    assert code == 0, err[-20:]
+    summary = json.loads(out)
+    test = json.loads((tmp_path / "run" / "eval.json").read_text())["test"]
+    for scores in (test, {k.removeprefix("test_"): v for k, v in summary.items()}):
+        assert scores["bleu_order"] == 1
+        assert scores["bleu_note"].startswith("bleu is BLEU-1, not BLEU-4: 40 of the 40 "
+                                              "references have fewer than 4 tokens")
+    assert test["bleu"] >= 0 and summary["test_bleu"] == round(test["bleu"], 2)
