@@ -31,11 +31,10 @@ def load(checkpoint, framework: str):
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise GenerateError(f"checkpoint directory {directory} does not exist")
+    for name in (checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE):
+        if not (directory / name).is_file():
+            raise GenerateError(checkpoint_dir.missing_file(directory, name))
     config_file = directory / checkpoint_dir.CONFIG_FILE
-    if not config_file.is_file():
-        hint = (f" (a train.py workdir? its model is in {directory / 'export'})"
-                if (directory / "export" / checkpoint_dir.CONFIG_FILE).is_file() else "")
-        raise GenerateError(f"{directory} has no {checkpoint_dir.CONFIG_FILE}{hint}")
     architecture = TransformerConfig.from_json(config_file).architecture
     if architecture != "decoder_only":
         hint = (" (jaxformer-translate runs encoder_decoder ones)"
@@ -74,6 +73,10 @@ def generate(prompts, model, tokenizer, *, framework="jax", sampling=Sampling(),
                                config.pad_id)
     if max_new_tokens is None:
         max_new_tokens = min(100, config.max_len - ids.shape[1])
+        if max_new_tokens < 1:  # the default: no flag to name
+            raise GenerateError(f"the longest prompt ({ids.shape[1]} tokens with bos) leaves no "
+                                f"room for a continuation in the model's max_len "
+                                f"{config.max_len}; shorten it")
     if max_new_tokens < 1 or ids.shape[1] + max_new_tokens > config.max_len:
         raise GenerateError(f"the longest prompt ({ids.shape[1]} tokens with bos) and "
                             f"--max-new-tokens {max_new_tokens} exceed the model's max_len "

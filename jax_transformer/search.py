@@ -67,7 +67,10 @@ def prepare_sampling(settings: Sampling, batch_size: int, steps: int, vocab_size
     uniforms = settings.uniforms(batch_size, steps) if uniforms is None else np.asarray(uniforms)
     if uniforms.shape != (batch_size, steps):
         raise ValueError(f"uniforms must have shape {(batch_size, steps)}, got {uniforms.shape}")
-    draws = (jnp.asarray(uniforms), 1.0 / settings.temperature, float(settings.top_p))
+    # 1 / temperature as the traced argument holds it (float32 unless x64 is on): a larger
+    # number would become inf there, with numpy's overflow warning on stderr.
+    inverse = min(1.0 / settings.temperature, float(np.finfo(jnp.result_type(float)).max))
+    draws = (jnp.asarray(uniforms), inverse, float(settings.top_p))
     return draws, dict(k=settings.kept(vocab_size), nucleus=settings.top_p < 1)
 
 
@@ -75,12 +78,15 @@ def sample_ids(logits, u, inverse_temperature, top_p, *, k: int, nucleus: bool):
     """logits (B, V), uniforms u (B,) -> sampled token ids (B,) int32.
 
     In the compute dtype promote(logits, float32), u, 1/temperature and top_p
-    cast to it: scale, keep the k best (ties to the lower id), softmax,
+    cast to it: scale (the best logit at 0, 1/temperature at most the dtype's
+    largest number), keep the k best (ties to the lower id), softmax,
     cumulative sums; top-p keeps token i while the mass before it is < top_p;
     the first kept token whose cumulative sum exceeds u * (the kept mass) wins.
     """
     dtype = jnp.promote_types(logits.dtype, jnp.float32)
-    x = logits.astype(dtype) * jnp.asarray(inverse_temperature).astype(dtype)
+    x = logits.astype(dtype)
+    inverse = jnp.minimum(jnp.asarray(inverse_temperature).astype(dtype), jnp.finfo(dtype).max)
+    x = (x - jnp.max(x, axis=-1, keepdims=True)) * inverse  # <= 0: no overflow to +inf
     values, order = jax.lax.top_k(x, k)  # (B, K), best first
     cdf = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)  # (B, K)
     kept = jnp.full(cdf.shape[:1], k)  # (B,)

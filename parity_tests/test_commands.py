@@ -55,3 +55,20 @@ def test_both_frameworks_print_the_same_text(checkpoint, tmp_path, capsys, flags
                                        "--prompt-file", prompt_file, "--max-new-tokens", "12",
                                        "--framework", "torch", *SAMPLE[:-1], "4"], capsys)
         assert code == 0 and out != outputs["torch"]
+
+
+@pytest.mark.parametrize("temperature", ["1e-45", "1e-38"])
+def test_a_tiny_temperature_is_greedy_in_both_frameworks(checkpoint, capsys, temperature):
+    """1 / temperature overflows float32 below ~3e-39, and logits / temperature overflows
+    sooner: both frameworks printed unknown pieces or nothing where 0 gives greedy text."""
+    outputs = {}
+    for framework in ("jax", "torch"):
+        for value in ("0", temperature):
+            code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt", PROMPTS[0],
+                                           "--prompt", PROMPTS[1], "--max-new-tokens", "12",
+                                           "--temperature", value, "--framework", framework],
+                                          capsys)
+            assert code == 0, err
+            outputs[framework, value] = out
+    assert all(outputs["torch", "0"]) and " ⁇ " not in " ".join(outputs["torch", "0"])
+    assert len(set(map(tuple, outputs.values()))) == 1, outputs

@@ -62,7 +62,7 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
 @pytest.mark.parametrize("dtype", fast_tier(["float32", "float64"], fast={"float32"}))
 def test_tiny_temperature_and_top_k_1_are_greedy(dtype):
     """top_k 1 and a tiny top_p break ties as argmax does (the lowest id); a tiny
-    temperature splits a tie's mass, so it is greedy on the untied rows."""
+    temperature splits a tie's mass, so it is greedy on the untied rows, however tiny."""
     with precision(dtype) as (jax_dtype, _):
         rng = np.random.default_rng(0)
         logits = rng.normal(size=(64, 30)).astype(jax_dtype)
@@ -70,6 +70,10 @@ def test_tiny_temperature_and_top_k_1_are_greedy(dtype):
         u = rng.random(64)
         greedy = np.argmax(logits, axis=-1)
         for settings, rows in ((Sampling(temperature=1e-4), slice(8, None)),
+                               # 1 / temperature overflows float32 (and logits / temperature
+                               # before it): greedy all the same, no NaN
+                               (Sampling(temperature=1e-38), slice(8, None)),
+                               (Sampling(temperature=1e-45), slice(8, None)),
                                (Sampling(top_k=1, temperature=2.0), slice(None)),
                                (Sampling(top_p=1e-6), slice(None))):
             jax_ids, torch_ids = sample_both(logits[rows], u[rows], settings)

@@ -96,3 +96,53 @@ def test_command_line_torch_needs_no_jax(checkpoint):
         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
+def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
+        checkpoint, capsys, alpha):
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--beam-size", "2",
+                               "--alpha", alpha, "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
+                                f"penalty), got {float(alpha)}"]
+
+
+def test_a_prompt_longer_than_the_model_names_no_flag_the_user_did_not_give(checkpoint,
+                                                                            capsys):
+    """The default --max-new-tokens is what fits after the prompt: a prompt that fills the
+    model's 32 positions used to be reported as `--max-new-tokens -N`."""
+    prompt = " ".join(["the quick brown fox"] * 12)
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--prompt", prompt,
+                               "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert len(err.splitlines()) == 1 and "--max-new-tokens" not in err
+    assert err.startswith("error: the longest prompt (") and "tokens with bos) leaves no room " \
+        "for a continuation in the model's max_len 32; shorten it" in err
+
+
+def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes("the cat\na dog\n".encode("utf-16-le"))
+    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt-file", prompts,
+                               "--framework", "torch"], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines()[0].startswith(f"error: --prompt-file {prompts} looks like UTF-16 "
+                                          "LE text")
+
+
+def test_a_train_workdir_is_named_with_its_export(checkpoint, tmp_path, capsys):
+    """A train.py work directory has a config.json (and tokenizer.model) of its own, so
+    the hint that its model is in export/ never fired: `has no model.safetensors`."""
+    workdir = tmp_path / "run"
+    (workdir / "export").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (workdir / "export" / name).write_bytes((checkpoint / name).read_bytes())
+    for name in ("config.json", "tokenizer.model"):
+        (workdir / name).write_bytes((checkpoint / name).read_bytes())
+    for framework in ("jax", "torch"):
+        code, out, err = run_main(["--checkpoint", workdir, "--prompt", "a", "--framework",
+                                   framework], capsys)
+        assert (code, out) == (2, [])
+        assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
+                                    f"work directory? its model is in {workdir / 'export'})"]

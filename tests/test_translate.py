@@ -247,3 +247,80 @@ def test_a_failed_write_keeps_the_previous_output(torch_checkpoint, tmp_path):
     assert last.startswith(f"error: cannot write --output {output}: [Errno 27] File too large")
     assert output.read_text() == "previous run\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+@pytest.mark.parametrize("alpha", ["nan", "inf", "-0.5"])
+def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
+        torch_checkpoint, tmp_path, capsys, alpha):
+    """--alpha nan used to search with NaN scores and print garbage, with exit code 0."""
+    source = tmp_path / "source.txt"
+    source.write_text("the quick brown fox\na small red house\n")
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--beam", "3", "--alpha", alpha, "--input", source], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
+                                f"penalty), got {float(alpha)}"]
+
+
+# Two lines as iconv writes them: -t utf-16le and -t utf-16be (no byte order mark), -t utf-16
+# and -t utf-32 (a byte order mark first). ASCII text in UTF-16 is valid UTF-8 (NULs between
+# the letters); an ü makes a byte that is not.
+ASCII, UMLAUT = "the quick brown fox\na small red house\n", "the quick fox\nfünf houses\n"
+LE, BE = "looks like UTF-16 LE text", "looks like UTF-16 BE text"
+WIDE = {"utf-16-le": ("utf-16-le", ASCII, LE), "utf-16-be": ("utf-16-be", ASCII, BE),
+        "utf-16-le-umlaut": ("utf-16-le", UMLAUT, LE),
+        "utf-16-bom": ("utf-16", ASCII, "is UTF-16 LE text, not UTF-8: it starts with a "
+                                        "UTF-16 LE byte order mark"),
+        "utf-32-bom": ("utf-32", ASCII, "is UTF-32 LE text, not UTF-8: it starts with a "
+                                        "UTF-32 LE byte order mark")}
+
+
+@pytest.mark.parametrize("kind", WIDE)
+def test_utf16_and_utf32_input_is_refused_naming_the_encoding(torch_checkpoint, tmp_path,
+                                                               capsys, monkeypatch, kind):
+    """NUL bytes are valid UTF-8: a UTF-16 file without a byte order mark used to become
+    3 lines of garbage for 2 lines of input, with exit code 0."""
+    encoding, text, says = WIDE[kind]
+    data = text.encode(encoding)
+    source = tmp_path / "source.txt"
+    source.write_bytes(data)
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--beam", "1", "--max-len", "8", "--input", source], capsys)
+    assert (code, out) == (2, [])
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: --input {source} {says}")
+    assert "not UTF-8" in err and "iconv -f UTF-" in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--beam", "1", "--max-len", "8"], capsys)
+    assert (code, out) == (2, []) and err.startswith(f"error: stdin {says}")
+
+
+def test_a_nul_byte_in_utf8_text_is_refused(torch_checkpoint, tmp_path, capsys):
+    source = tmp_path / "source.txt"
+    source.write_bytes(b"the cat\na \x00dog\n")
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                               "--input", source], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --input {source} is not UTF-8 text: line 2 holds a "
+                                "NUL byte (byte 3), which text never does (UTF-16? UTF-32? "
+                                "a binary file?)"]
+
+
+def test_a_train_workdir_is_named_with_its_export(jax_checkpoint, tmp_path, capsys):
+    """A train.py work directory holds config.json and tokenizer.model but its model is in
+    export/: the error says so (it used to say only `has no model.safetensors`)."""
+    workdir = tmp_path / "run"
+    (workdir / "export").mkdir(parents=True)
+    (workdir / "checkpoints").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+        (workdir / "export" / name).write_bytes((jax_checkpoint / name).read_bytes())
+    for name in ("config.json", "tokenizer.model"):
+        (workdir / name).write_bytes((jax_checkpoint / name).read_bytes())
+    source = tmp_path / "source.txt"
+    source.write_text("the cat\n")
+    for framework in ("jax", "torch"):
+        code, out, err = run_main(["--checkpoint", workdir, "--framework", framework,
+                                   "--input", source], capsys)
+        assert (code, out) == (2, [])
+        assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
+                                    f"work directory? its model is in {workdir / 'export'})"]

@@ -90,12 +90,16 @@ def sample_ids(logits, u, inverse_temperature, top_p, *, k: int, nucleus: bool):
     """logits (B, V), uniforms u (B,) -> sampled token ids (B,) int64.
 
     In the compute dtype promote(logits, float32), u, 1/temperature and top_p
-    cast to it: scale, keep the k best (ties to the lower id), softmax,
+    cast to it: scale (the best logit at 0, 1/temperature at most the dtype's
+    largest number), keep the k best (ties to the lower id), softmax,
     cumulative sums; top-p keeps token i while the mass before it is < top_p;
     the first kept token whose cumulative sum exceeds u * (the kept mass) wins.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    x = logits.to(dtype) * torch.tensor(inverse_temperature, dtype=dtype, device=logits.device)
+    x = logits.to(dtype)
+    inverse = torch.tensor(inverse_temperature, dtype=dtype, device=logits.device).clamp(
+        max=torch.finfo(dtype).max)
+    x = (x - x.max(dim=-1, keepdim=True).values) * inverse  # <= 0: no overflow to +inf
     values, order = top_k(x, k)  # (B, K), best first
     cdf = torch.cumsum(torch.softmax(values, dim=-1), dim=-1)  # (B, K)
     kept = torch.full(cdf.shape[:1], k, device=cdf.device)  # (B,)

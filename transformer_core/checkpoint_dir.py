@@ -176,7 +176,7 @@ def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str,
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
-            raise CheckpointError(f"{directory} has no {name}")
+            raise CheckpointError(missing_file(directory, name))
     try:
         config = TransformerConfig.from_json(directory / CONFIG_FILE)
     except ConfigError as e:  # the message names the file
@@ -188,6 +188,16 @@ def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str,
             f"{directory / WEIGHTS_FILE} is corrupt or truncated: {e}") from e
     check_state_dict(tensors, config, source=str(directory / WEIGHTS_FILE))
     return config, tensors
+
+
+def missing_file(directory: Path, name: str) -> str:
+    """The error for a checkpoint `directory` without file `name`: a train.py work
+    directory has a config.json and a tokenizer.model of its own, and its model in
+    export/, which the error then names."""
+    export = directory / "export"
+    hint = (f" (a train.py work directory? its model is in {export})"
+            if (export / CONFIG_FILE).is_file() and (export / WEIGHTS_FILE).is_file() else "")
+    return f"{directory} has no {name}{hint}"
 
 
 def tokenizer_path(directory: str | os.PathLike) -> Path | None:

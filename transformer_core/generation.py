@@ -11,7 +11,11 @@ turns the model's logits (B, V) and u = uniforms[:, n] into tokens in the same
 fixed order (search.sample_ids in jax_transformer and torch_reference), in the
 compute dtype promote(logits dtype, float32), u cast to it too:
 
-1. divide the logits by the temperature;
+1. divide the logits by the temperature, after subtracting the row's best logit
+   (x = (logits - max) * min(1 / temperature, the dtype's largest number)): the
+   best token scores 0 and no score overflows, so a temperature so small that
+   1 / temperature (or logits / temperature) overflows samples as greedy
+   decoding does, but for exact ties (the limit as the temperature goes to 0);
 2. sort them best first, ties to the lower token id (jax.lax.top_k's order,
    torch_reference.search.top_k's), keeping the top_k best (top_k 0: all);
 3. softmax over what is kept, then cumulative sums c_0 <= c_1 <= ...;
@@ -36,7 +40,7 @@ from transformer_core.errors import InputError
 
 
 class SamplingError(InputError):
-    """A sampling setting is out of range; the message names it."""
+    """A sampling (or search) setting is out of range; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,13 @@ class Sampling:
     def uniforms(self, batch_size: int, steps: int) -> np.ndarray:
         """The draws, float64 in [0, 1): row b's n-th sampled token uses [b, n]."""
         return np.random.default_rng(int(self.seed)).random((batch_size, steps))
+
+
+def check_alpha(alpha: float) -> None:
+    """Raise SamplingError unless --alpha, beam search's length penalty, is a number >= 0:
+    a NaN, infinite or negative one makes the search rank garbage first."""
+    if not 0 <= alpha < math.inf:  # NaN fails too
+        raise SamplingError(f"--alpha must be a number >= 0 (0: no length penalty), got {alpha}")
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int,

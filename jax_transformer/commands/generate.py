@@ -26,7 +26,7 @@ from pathlib import Path
 
 from jax_transformer.commands import exit_codes
 from jax_transformer.generator import GenerateError, generate, load
-from transformer_core.generation import Sampling
+from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import split_lines
 
 
@@ -76,6 +76,7 @@ def sampling_settings(args) -> Sampling:
 
 def generate_command(argv=None) -> int:
     args = parse_args(argv)
+    check_alpha(args.alpha)
     sampling = sampling_settings(args)
     prompts = list(args.prompt)
     if args.prompt_file:

@@ -97,7 +97,9 @@ def train(argv=None) -> int:
                        test_second_half_match=test["second_half_match"])
     else:
         results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
-                       test_chrf=round(test["chrf"], 2))
+                       test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2))
+        if "bleu_note" in test:  # BLEU-4 means nothing on this test set: say why not
+            results["test_bleu_note"] = test["bleu_note"]
     print(json.dumps({**results, "workdir": settings.train.workdir}, indent=2), file=sys.stdout)
     return 0
 

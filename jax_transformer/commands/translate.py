@@ -34,6 +34,7 @@ from tqdm import tqdm
 from jax_transformer.commands import exit_codes
 from jax_transformer.translator import TranslateError, load, set_languages, translate_lines
 from transformer_core import checkpoint_dir
+from transformer_core.generation import check_alpha
 from transformer_core.text import split_lines
 
 
@@ -87,6 +88,7 @@ def check_output(path: Path) -> None:
 
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
+    check_alpha(args.alpha)
     if args.output:
         check_output(Path(args.output))
     model, tokenizer = load(args.checkpoint, args.framework)

@@ -14,7 +14,8 @@ words, e.g. "ninety-eight; ninety-nine; one hundred; one hundred and one".
 User corpora (`read_parallel_text`, `read_columns`, `read_text`), with the
 bad-data policy (documented in docs/data.md):
 
-    empty file, unequal line counts, missing column, no usable pair  -> CorpusError
+    empty file, unequal line counts, missing column, no usable pair,
+    UTF-16 or UTF-32 text, a NUL byte (transformer_core.text)        -> CorpusError
     empty line, line over `max_chars`, bytes that are not UTF-8,
     CSV row with too few fields                                      -> counted skip
 
@@ -39,6 +40,7 @@ import numpy as np
 from num2words import CONVERTER_CLASSES, num2words
 
 from transformer_core.errors import InputError
+from transformer_core.text import SNIFF_BYTES, encoding_problem, nul_problem
 
 Pair = tuple[str, str]
 Example = TypeVar("Example")  # a Pair or a line of text
@@ -191,12 +193,25 @@ def _check_non_empty(path: Path) -> None:
         raise CorpusError(f"{path} is empty")
 
 
-def _raw_lines(path: Path) -> Iterator[bytes]:
-    """The lines of `path` as bytes, without the line ending and a leading BOM."""
+def _check_encoding(path: Path) -> None:
+    """Raise CorpusError when `path` starts like UTF-16 or UTF-32 text, not UTF-8."""
     with open(path, "rb") as f:
-        for number, line in enumerate(f):
-            if number == 0 and line.startswith(b"\xef\xbb\xbf"):
+        problem = encoding_problem(f.read(SNIFF_BYTES), str(path))
+    if problem:
+        raise CorpusError(problem)
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    """The lines of `path` as bytes, without the line ending and a leading BOM; a
+    CorpusError for UTF-16 or UTF-32 text and for a line holding a NUL byte."""
+    _check_encoding(path)
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
                 line = line[3:]
+            problem = nul_problem(line, number, str(path))
+            if problem:
+                raise CorpusError(problem)
             yield line.rstrip(b"\r\n")
 
 
@@ -262,6 +277,7 @@ def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
     if delimiter is None:
         delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    _check_encoding(path)
     report = CorpusReport(f"{path} [{src_column} -> {tgt_column}]")
     pairs = []
     # surrogateescape keeps bad bytes as lone surrogates, so one bad row is skipped
@@ -280,6 +296,9 @@ def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
                 if src is None or tgt is None:
                     report.skip(MALFORMED_ROW, line)
                     continue
+                problem = nul_problem(src + tgt, line, str(path))
+                if problem:
+                    raise CorpusError(problem)
                 if not (_is_utf8(src) and _is_utf8(tgt)):
                     report.skip(UNDECODABLE, line)
                     continue

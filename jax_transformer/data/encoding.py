@@ -41,13 +41,15 @@ def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | 
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256,
+                 name: str | None = None,
                  ) -> tuple[list[np.ndarray], list[np.ndarray], CorpusReport]:
     """Encode pairs into piece ids, dropping those that do not fit `max_len` tokens.
 
     Returns (src_ids, tgt_ids, report): two lists of int32 arrays (pieces only;
     batches add eos/bos) and a report of how many pairs were dropped because a
     side needs more than `max_len` positions with its eos/bos (the report's
-    "line" is the pair's 1-based position in `pairs`).
+    "line" is the pair's 1-based position in `pairs`). When none fits, the
+    CorpusError names the pairs as `name` ("the test split").
     """
     if not pairs:
         raise CorpusError("encode_pairs got no pairs")
@@ -63,12 +65,13 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256
         tgt_ids.append(np.asarray(tgt, dtype=np.int32))
     report.kept = len(src_ids)
     if not src_ids:
-        raise CorpusError(f"{report}: every pair is longer than max_len {max_len} tokens")
+        raise CorpusError(f"every pair{_of(name, pairs)} is longer than max_len {max_len} "
+                          "tokens with its eos or bos")
     return src_ids, tgt_ids, report
 
 
 def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_len: int = 256,
-                 ) -> tuple[list[np.ndarray], CorpusReport]:
+                 name: str | None = None) -> tuple[list[np.ndarray], CorpusReport]:
     """Encode a language model's lines into piece ids, dropping those that need more
     than `max_len` positions with their bos (or eos). Returns (ids, report), as
     `encode_pairs` does for pairs."""
@@ -83,8 +86,14 @@ def encode_lines(tokenizer: Tokenizer, lines: Sequence[str], max_len: int = 256,
         ids.append(np.asarray(pieces, dtype=np.int32))
     report.kept = len(ids)
     if not ids:
-        raise CorpusError(f"{report}: every line is longer than max_len {max_len} tokens")
+        raise CorpusError(f"every line{_of(name, lines)} is longer than max_len {max_len} "
+                          "tokens with its bos or eos")
     return ids, report
+
+
+def _of(name: str | None, examples: Sequence) -> str:
+    """' of the test split (1)': what an error about all `examples` calls them."""
+    return f" of {name} ({len(examples)})" if name else ""
 
 
 def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[int]]:

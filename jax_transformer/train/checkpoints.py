@@ -121,9 +121,10 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:  # orbax, tensorstore and json raise many types for one fault
-            reason = str(e).split("\n")[0][:300]
+            cause = root_cause(e)
+            reason = str(cause).split("\n")[0][:300]
             raise UnreadableCheckpoint(step, f"checkpoint {step} in {self.manager.directory} "
-                                             f"cannot be read: {type(e).__name__}: {reason}"
+                                             f"cannot be read: {type(cause).__name__}: {reason}"
                                        ) from e
 
     def wait(self) -> None:
@@ -131,6 +132,18 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The error that `error` was raised from (`raise ... from`, followed to its start):
+    orbax raises tensorstore's error, which names the array file and what is wrong with
+    it, from a bare Exception whose message is the repr of a bound method,
+    `<bound method pybind11_detail_function_record_...spec of TensorStore({...`."""
+    seen = {id(error)}
+    while error.__cause__ is not None and id(error.__cause__) not in seen:
+        error = error.__cause__
+        seen.add(id(error))
+    return error
 
 
 def drop_closed_loop_reports() -> None:

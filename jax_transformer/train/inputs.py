@@ -54,7 +54,11 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
     lines are targets without a source: rows of source length 0."""
     encoded = {}
     for split, examples in splits.items():
-        src_ids, tgt_ids, report = TASKS[data.task].encode(tokenizer, examples, data.max_len)
+        try:
+            src_ids, tgt_ids, report = TASKS[data.task].encode(tokenizer, examples, data.max_len,
+                                                               name=f"the {split} split")
+        except CorpusError as e:  # none fits: the split is named, and the flag
+            raise TrainError(f"{e}; raise --max-len") from None
         if report.skipped:
             log(f"{split}: {report}")
         encoded[split] = src_ids, tgt_ids

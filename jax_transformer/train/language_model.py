@@ -45,12 +45,13 @@ class LanguageModelTask:
             return splits
         lines, report = corpora.read_text(data.text_path)
         log(f"corpus: {report}")
-        return corpora.holdout_split(lines, data.num_dev, data.num_test, seed=seed)
+        return corpora.holdout_split(lines, *data.held_out(len(lines), data.text_path, "lines"),
+                                     seed=seed)
 
 
-    def encode(self, tokenizer: Tokenizer, lines, max_len: int):
+    def encode(self, tokenizer: Tokenizer, lines, max_len: int, name: str | None = None):
         """(None, ids, report): the lines as targets without a source (packing.PackedBatches)."""
-        ids, report = encode_lines(tokenizer, lines, max_len=max_len)
+        ids, report = encode_lines(tokenizer, lines, max_len=max_len, name=name)
         return None, ids, report
 
 

@@ -29,7 +29,8 @@ def loss_curve(metrics_path: Path, out_path: Path) -> Path:
         ax.plot(*zip(*dev), "o-", label="held-out")
     ax.set(xlabel="step", ylabel="loss per target token", yscale="log", title="Loss")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if train or dev:  # matplotlib warns about a legend of nothing
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out_path, dpi=120)
     plt.close(fig)

@@ -30,7 +30,7 @@ from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
-from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
@@ -185,6 +185,7 @@ class TrainingRun:
                     last_saved = step
             read_metrics(all_steps=True)  # before the final save
             if stops.out_of_time:
+                self.check_some_step_ran(step, start_step, seconds_before_training)
                 log(f"--time-budget {settings.time_budget:g} s spent: stopping after step {step}")
             if step != last_saved:  # a signal or the budget between checkpoints
                 checkpointer.save(state, data_state)
@@ -200,6 +201,21 @@ class TrainingRun:
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")
         return state, report
+
+    def check_some_step_ran(self, step: int, start_step: int, setting_up: float) -> None:
+        """After --time-budget ran out: a TrainError when it did before the first step of
+        a new run (nothing trained, so nothing is saved or exported), and a plain line
+        when it did before the first step of a resumed one (its saved model is exported)."""
+        if step != start_step:
+            return
+        budget = self.settings.train.time_budget
+        if step == 0:
+            raise TrainError(f"--time-budget {budget:g} s ran out before the first training "
+                             f"step (setting up took {setting_up:.1f} s: the corpus, the "
+                             "tokenizer and compiling): no step ran, so no checkpoint was "
+                             "saved and no model exported; give a longer budget")
+        log(f"--time-budget {budget:g} s ran out before this run's first step: no step ran; "
+            f"exporting and evaluating step {step} as it was saved")
 
     def compile_ahead(self, state, step: int) -> float:
         """Compile the step's programs for every batch shape before the first step (or

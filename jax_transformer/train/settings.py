@@ -15,6 +15,7 @@ files written before a setting existed or was renamed still resume
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -26,6 +27,7 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
+MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -143,6 +145,20 @@ class DataSettings:
     def builtin(self) -> bool:
         return not (self.src_path or self.columns_path or self.text_path)
 
+    def held_out(self, available: int, source: str, unit: str,
+                 given: tuple[str, ...] = ()) -> tuple[int, int]:
+        """(dev, test): how many of the `available` usable examples of `source` to hold
+        out (none for a split in `given`, which has files of its own); a TrainError naming
+        --num-dev / --num-test when that leaves none to train on."""
+        sizes = {split: 0 if split in given else getattr(self, f"num_{split}")
+                 for split in ("dev", "test")}
+        if sum(sizes.values()) >= available:
+            flags = [f"{flag('num_' + split)} {n}" for split, n in sizes.items() if n]
+            raise TrainError(f"{' + '.join(flags)} held-out {unit} leave none of the "
+                             f"{available} usable {unit} of {source} to train on; lower "
+                             + ("them" if len(flags) > 1 else "it"))
+        return sizes["dev"], sizes["test"]
+
     @property
     def architecture(self) -> str:
         return TASK_ARCHITECTURES[self.task]
@@ -218,7 +234,8 @@ class TrainSettings:
     accumulate: int = setting(1, "micro-batches per update, gradients summed exactly")
     dtype: str = setting("float32", "compute dtype; parameters and optimizer state stay "
                                     "float32", choices=("float32", "bfloat16"))
-    seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout")
+    seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout "
+                           f"(0 to {MAX_SEED})")
     checkpoint_every: int = setting(200, "steps between orbax checkpoints")
     keep: int = setting(3, "checkpoints kept")
     eval_every: int = setting(200, "steps between held-out loss evaluations")
@@ -252,8 +269,11 @@ class TrainSettings:
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
                                      f"got {self.clip_norm}")
-        require(self.temperature >= 0, f"--temperature must be 0 (greedy) or positive, "
-                                       f"got {self.temperature}")
+        require(0 <= self.temperature < math.inf, f"--temperature must be 0 (greedy) or "
+                f"positive, got {self.temperature}")
+        # JAX keys take 32 bits of a seed: 2**32 would be seed 0 again; numpy refuses -1.
+        require(0 <= self.seed <= MAX_SEED, f"--seed must be from 0 to {MAX_SEED}, "
+                                            f"got {self.seed}")
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
 
 

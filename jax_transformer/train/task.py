@@ -27,9 +27,11 @@ class Task(Protocol):
     def load_splits(self, data: DataSettings, seed: int, log: Log) -> dict[str, list]:
         """{"train", "dev", "test"}: the examples (sentence pairs, lines of text)."""
 
-    def encode(self, tokenizer: Tokenizer, examples: Sequence, max_len: int
+    def encode(self, tokenizer: Tokenizer, examples: Sequence, max_len: int,
+               name: str | None = None
                ) -> tuple[list[np.ndarray] | None, list[np.ndarray], CorpusReport]:
-        """(source ids or None for a single-stack model, target ids, what was skipped)."""
+        """(source ids or None for a single-stack model, target ids, what was skipped);
+        a CorpusError naming the examples as `name` when none fits `max_len`."""
 
     def evaluate_test(self, model, tokenizer: Tokenizer, examples: Sequence,
                       settings: TrainSettings, log: Log) -> dict:

@@ -39,20 +39,21 @@ class TranslationTask:
         else:
             pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
         log(f"corpus: {report}")
+        source = report.source  # the training corpus: its files (and columns)
         given = {}
         for split in ("dev", "test"):
             src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
             if src:
                 given[split], report = corpora.read_parallel_text(src, tgt)
                 log(f"{split}: {report}")
-        held_out = corpora.holdout_split(pairs, 0 if "dev" in given else data.num_dev,
-                                         0 if "test" in given else data.num_test, seed=seed)
+        held_out = corpora.holdout_split(
+            pairs, *data.held_out(len(pairs), source, "pairs", tuple(given)), seed=seed)
         return {**held_out, **given}
 
 
-    def encode(self, tokenizer: Tokenizer, pairs, max_len: int):
+    def encode(self, tokenizer: Tokenizer, pairs, max_len: int, name: str | None = None):
         """(src_ids, tgt_ids, report): encoding.encode_pairs."""
-        return encode_pairs(tokenizer, pairs, max_len=max_len)
+        return encode_pairs(tokenizer, pairs, max_len=max_len, name=name)
 
 
     def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,

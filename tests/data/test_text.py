@@ -10,7 +10,8 @@ import pytest
 from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, train_tokenizer
 from jax_transformer.data.packing import TEXT_KEYS, PackedBatches, fitting_row_shape
 from jax_transformer.data.corpora import (COUNT_MAX, COUNT_MIN, EMPTY, TOO_LONG, UNDECODABLE,
-                                          CorpusError, cardinal_words, counting_text, read_text)
+                                          CorpusError, cardinal_words, counting_text,
+                                          read_columns, read_parallel_text, read_text)
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -131,3 +132,43 @@ def test_text_batches_resume_exactly_and_refuse_other_text():
     other = PackedBatches(None, ids[:-1], max_tokens=128, row_shapes=[(0, 64)], seed=3)
     with pytest.raises(CorpusError, match="other data"):
         other.iterator(state)
+
+
+WIDE = [("utf-16-le", "looks like UTF-16 LE text without a byte order mark"),
+        ("utf-16-be", "looks like UTF-16 BE text without a byte order mark"),
+        ("utf-16", "is UTF-16 LE text, not UTF-8: it starts with a UTF-16 LE byte order mark"),
+        ("utf-32", "is UTF-32 LE text, not UTF-8: it starts with a UTF-32 LE byte order mark")]
+
+
+@pytest.mark.parametrize("encoding, says", WIDE, ids=[e for e, _ in WIDE])
+def test_every_reader_refuses_utf16_and_utf32(tmp_path, encoding, says):
+    """NULs are valid UTF-8, so UTF-16 text without a byte order mark used to be read as
+    lines of NUL-interleaved letters; with a byte order mark, only its line was skipped."""
+    wide, good = tmp_path / "wide.txt", tmp_path / "good.txt"
+    wide.write_bytes("one two\nthree four\nfive six\n".encode(encoding))
+    good.write_text("eins zwei\ndrei vier\nfünf sechs\n")
+    columns = tmp_path / "wide.tsv"
+    columns.write_bytes("source\ttarget\none\teins\ntwo\tzwei\n".encode(encoding))
+    for read, path in ((lambda: read_text(wide), wide),
+                       (lambda: read_parallel_text(good, wide), wide),
+                       (lambda: read_columns(columns, "source", "target"), columns)):
+        with pytest.raises(CorpusError) as info:
+            read()
+        assert str(info.value).startswith(f"{path} {says}")
+        assert "iconv -f UTF-" in str(info.value)
+
+
+def test_every_reader_refuses_a_nul_byte(tmp_path):
+    text, good = tmp_path / "book.txt", tmp_path / "good.txt"
+    text.write_bytes(b"one two\nthree\x00four\nfive six\n")
+    good.write_text("eins zwei\ndrei vier\nfunf sechs\n")
+    columns = tmp_path / "pairs.tsv"
+    columns.write_bytes(b"source\ttarget\none\teins\ntwo\tzw\x00ei\n")
+    nul = "is not UTF-8 text: line {} holds a NUL byte{}, which text never does"
+    for read, path, line, byte in ((lambda: read_text(text), text, 2, " (byte 6)"),
+                                   (lambda: read_parallel_text(text, good), text, 2, " (byte 6)"),
+                                   (lambda: read_columns(columns, "source", "target"), columns,
+                                    3, "")):
+        with pytest.raises(CorpusError) as info:
+            read()
+        assert str(info.value).startswith(f"{path} {nul.format(line, byte)}")
