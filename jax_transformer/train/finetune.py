@@ -90,7 +90,8 @@ class _Shape(NamedTuple):  # what check_state_dict reads of a tensor
 
 
 def model_defaults(config: TransformerConfig) -> dict[str, Any]:
-    """The model flags' values that say DIR's model: its config's fields."""
+    """The model flags' values that say DIR's model: its config's fields (train.py's
+    defaults with --init-from; a library caller builds ModelSettings(**these))."""
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(ModelSettings)}
 
 
@@ -139,15 +140,17 @@ def fingerprint(directory: str | Path) -> str:
 
 
 def install_tokenizer(init: InitDir, workdir: Path, primary: bool = True) -> CheckpointTokenizer:
-    """Copy DIR's tokenizer files into WORKDIR/tokenizer/ (replacing what was there; the
-    `primary` process writes) and load them: the run and its export use that copy."""
+    """Copy DIR's tokenizer files into WORKDIR/tokenizer/ (replacing what was there) and
+    load them: the run and its export use that copy. Only the `primary` process writes;
+    the others read DIR's own files (the same bytes: the fingerprint covers them)."""
     target = workdir / RUN_TOKENIZER_DIR
-    if primary:
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        for name in tokenizer_files(init.directory):
-            checkpoint_dir.write_atomically(
-                target / name, lambda p, name=name: shutil.copyfile(init.directory / name, p))
+    if not primary:
+        return init.tokenizer
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for name in tokenizer_files(init.directory):
+        checkpoint_dir.write_atomically(
+            target / name, lambda p, name=name: shutil.copyfile(init.directory / name, p))
     tokenizer = checkpoint_dir.load_tokenizer(target)
     tokenizer.check_fits(init.config)
     return tokenizer
