@@ -10,6 +10,8 @@ With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
         --preset base --max-tokens 25000 --steps 100000 --warmup 4000 --dtype bfloat16
     jaxformer-train --task lm --workdir runs/counting       # built-in text: counting in words
     jaxformer-train --task lm --workdir runs/lm --text-path book.txt   # one example per line
+    jaxformer-train --workdir runs/ft --init-from ckpt/opus-en-de \\
+        --src-path train.en --tgt-path train.de --lr 3e-5 --steps 2000  # fine-tune a checkpoint
 
 Running it again on the same --workdir resumes from the latest checkpoint.
 SIGTERM or Ctrl-C finishes the current step, saves it and exits (docs/faults.md).
@@ -25,9 +27,11 @@ import sys
 from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes
-from jax_transformer.train.settings import (DEFAULT_PRESET, PRESETS, TASK_ARCHITECTURES,
-                                            TASK_DEFAULTS, DataSettings, ModelSettings,
-                                            RunSettings, TrainSettings)
+from jax_transformer.train import finetune
+from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
+                                            TASK_ARCHITECTURES, TASK_DEFAULTS, DataSettings,
+                                            ModelSettings, RunSettings, TrainError,
+                                            TrainSettings)
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -48,12 +52,26 @@ def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser(argv=None) -> ArgumentParser:
     """train.py's command line, generated from the settings dataclasses; the defaults of
-    the model flags come from --preset (and --layers), --steps' from --task."""
+    the model flags come from --preset (and --layers), --steps' from --task; with
+    --init-from DIR, the model flags', --task's and --max-len's from DIR's config and
+    the schedule's from FINETUNE_DEFAULTS."""
     chosen, _ = add_default_choosers(argparse.ArgumentParser(
         prog="jaxformer-train", add_help=False)).parse_known_args(argv)
     task = argparse.ArgumentParser(add_help=False)
-    task.add_argument("--task", choices=TASK_ARCHITECTURES, default="translate")
+    init = init_dir(argv)
+    task.add_argument("--task", choices=TASK_ARCHITECTURES,
+                      default=init.task if init and init.task else "translate")
     model_defaults = dict(PRESETS[chosen.preset])
+    data_defaults, finetune_defaults = {}, {}
+    if init is not None:  # DIR's model; a flag given beside it may only repeat it
+        if any(arg == "--preset" or arg.startswith("--preset=") for arg in arguments(argv)):
+            raise TrainError(f"--preset picks a new model's sizes; --init-from {init.directory} "
+                             "brings its own: drop --preset")
+        model_defaults = finetune.model_defaults(init.config)
+        data_defaults = {"task": task.parse_known_args(argv)[0].task,
+                         "max_len": init.config.max_len,
+                         "max_tokens": max(DataSettings.max_tokens, init.config.max_len)}
+        finetune_defaults = FINETUNE_DEFAULTS
     if chosen.layers is not None:
         model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
     p = ArgumentParser(prog="jaxformer-train", description=__doc__,
@@ -61,11 +79,25 @@ def build_parser(argv=None) -> ArgumentParser:
                        add_option_string_dash_variants=DashVariant.DASH,
                        add_config_path_arg=False)
     add_default_choosers(p)
-    p.add_arguments(DataSettings, dest="data")
+    p.add_arguments(DataSettings, dest="data", default=DataSettings(**data_defaults))
     p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults))
     train_defaults = TASK_DEFAULTS.get(task.parse_known_args(argv)[0].task, {})
-    p.add_arguments(TrainSettings, dest="train", default=TrainSettings(**train_defaults))
+    p.add_arguments(TrainSettings, dest="train",
+                    default=TrainSettings(**train_defaults, **finetune_defaults))
     return p
+
+
+def arguments(argv=None) -> list[str]:
+    return list(sys.argv[1:] if argv is None else argv)
+
+
+def init_dir(argv=None) -> finetune.InitDir | None:
+    """--init-from's checkpoint directory, read and checked (a TrainError naming it), or
+    None without the flag."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--init-from")
+    path = pre.parse_known_args(argv)[0].init_from
+    return finetune.read_init_dir(path) if path else None
 
 
 def parse_args(argv=None) -> RunSettings:
@@ -74,7 +106,10 @@ def parse_args(argv=None) -> RunSettings:
     train = args.train
     if args.no_compile_cache:
         train = dataclasses.replace(train, compile_cache=None)
-    return RunSettings(args.data, args.model, train)
+    settings = RunSettings(args.data, args.model, train)
+    if train.init_from:
+        finetune.check_settings(settings, finetune.read_init_dir(train.init_from))
+    return settings
 
 
 def main(argv=None) -> int:
@@ -100,6 +135,11 @@ def train(argv=None) -> int:
                        test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2))
         if "bleu_note" in test:  # BLEU-4 means nothing on this test set: say why not
             results["test_bleu_note"] = test["bleu_note"]
+    start = summary.get("start")
+    if start:  # a fine-tuning run: where it started
+        results["start_dev_loss"] = round(start["dev"]["loss"], 4)
+        if "bleu" in start["test"]:
+            results["start_test_bleu"] = round(start["test"]["bleu"], 2)
     print(json.dumps({**results, "workdir": settings.train.workdir}, indent=2), file=sys.stdout)
     return 0
 

@@ -3,6 +3,7 @@
     pairs or lines --train_tokenizer--> Tokenizer (one vocabulary for both sides)
     pairs --encode_pairs--> src_ids, tgt_ids (int32 piece arrays, no specials)
     lines --encode_lines--> ids, a language model's (packing.PackedBatches(None, ids))
+    pairs --encode_checkpoint_pairs--> the same, with any checkpoint's tokenizer (Marian's)
 
 Examples longer than max_len tokens are skipped and counted. Needs numpy and
 sentencepiece, not JAX.
@@ -16,10 +17,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from jax_transformer.data.corpora import CorpusError, CorpusReport, Pair
+from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
 
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
+UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (count_many_unknown)
 
 
 def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,
@@ -101,3 +104,47 @@ def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[int]]:
     call each), which bounds the Python lists alive at once."""
     for start in range(0, len(texts), ENCODE_CHUNK):
         yield from tokenizer.sp.encode(list(texts[start:start + ENCODE_CHUNK]))
+
+
+def encode_checkpoint_pairs(tokenizer, pairs: Sequence[Pair], max_len: int = 256,
+                            name: str | None = None,
+                            ) -> tuple[list[np.ndarray], list[np.ndarray], CorpusReport]:
+    """`encode_pairs` for any checkpoint tokenizer (transformer_core.tokenizer's
+    CheckpointTokenizer: a converted model's Marian tokenizer, say): source ids are
+    `encode_source` less its final eos, target ids `encode_target`, as the batches
+    add eos (and the decoder's start id) themselves. One text at a time."""
+    if not pairs:
+        raise CorpusError("encode_checkpoint_pairs got no pairs")
+    report = CorpusReport(f"tokenized (max_len {max_len})")
+    src_ids, tgt_ids = [], []
+    for number, (src, tgt) in enumerate(pairs, start=1):
+        try:
+            src, tgt = tokenizer.encode_source(src)[:-1], tokenizer.encode_target(tgt)
+        except InputError as e:  # e.g. a language code the vocabulary lacks
+            raise CorpusError(f"pair {number} {e}") from None
+        if max(len(src), len(tgt)) + 1 > max_len:
+            report.skip(TOO_MANY_TOKENS, number)
+            continue
+        src_ids.append(np.asarray(src, dtype=np.int32))
+        tgt_ids.append(np.asarray(tgt, dtype=np.int32))
+    report.kept = len(src_ids)
+    if not src_ids:
+        raise CorpusError(f"every pair{_of(name, pairs)} is longer than max_len {max_len} "
+                          "tokens with its eos or bos")
+    return src_ids, tgt_ids, report
+
+
+def count_many_unknown(sides: Sequence[Sequence[np.ndarray] | None], unk_ids: Sequence[int],
+                   share: float = UNKNOWN_SHARE) -> int:
+    """How many examples (pairs, or lines) have a side whose pieces are `share` or more
+    unknown: text the tokenizer does not cover (another script, another language).
+    `sides` are parallel lists of id arrays (None for a missing side), `unk_ids` each
+    side's unknown id."""
+    flagged = None
+    for ids, unk in zip(sides, unk_ids):
+        if ids is None:
+            continue
+        unknown = np.fromiter(((x == unk).sum() >= share * max(len(x), 1) and len(x) > 0
+                               for x in ids), bool, len(ids))
+        flagged = unknown if flagged is None else flagged | unknown
+    return int(flagged.sum()) if flagged is not None else 0

@@ -117,13 +117,15 @@ class PackedBatches:
 
     def __init__(self, src_ids: Sequence[np.ndarray] | None, tgt_ids: Sequence[np.ndarray],
                  max_tokens: int, row_shapes: Sequence[tuple[int, int]],
-                 batch_multiple: int = 1, shuffle: bool = True, seed: int = 0):
+                 batch_multiple: int = 1, shuffle: bool = True, seed: int = 0,
+                 special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID)):
         """`max_tokens` bounds the token slots of each side of a batch (padding
         included, as fairseq's --max-tokens); `row_shapes` are the (source length,
         target length) of the rows (see `fitting_row_shape`); `batch_multiple` is
         usually the device count; `shuffle=False` gives one fixed plan, for evaluation.
         `src_ids` None: a language model's lines, `tgt_ids`, without a source side:
-        row shapes (0, T), batches of TEXT_KEYS."""
+        row shapes (0, T), batches of TEXT_KEYS. `special_ids` (pad, bos, eos) are the
+        model's: bos starts the decoder input (a Marian model's is its pad id)."""
         if not tgt_ids or (src_ids is not None and len(src_ids) != len(tgt_ids)):
             raise CorpusError(f"need equally many source and target examples, at least one; "
                               f"got {'no' if src_ids is None else len(src_ids)} and "
@@ -133,6 +135,7 @@ class PackedBatches:
         self.src_ids, self.tgt_ids = src_ids, tgt_ids
         self.keys = TEXT_KEYS if src_ids is None else BATCH_KEYS
         self.shuffle, self.seed, self.max_tokens = shuffle, seed, max_tokens
+        self.pad_id, self.bos_id, self.eos_id = special_ids
         # A text row's source side is empty: every line needs 0 source positions.
         self.src_needed = (np.zeros(len(tgt_ids), np.int64) if src_ids is None
                            else positions_needed(src_ids))
@@ -232,13 +235,14 @@ class PackedBatches:
                 return out.reshape(R, L)
 
             for name, special, special_at in (
-                    [("src", EOS_ID, offset + lengths - 1)] if side == "src" else
-                    [("tgt_in", BOS_ID, offset), ("tgt_out", EOS_ID, offset + lengths - 1)]):
+                    [("src", self.eos_id, offset + lengths - 1)] if side == "src" else
+                    [("tgt_in", self.bos_id, offset),
+                     ("tgt_out", self.eos_id, offset + lengths - 1)]):
                 stream = np.full(len(within), special, np.int32)
                 is_piece = np.ones(len(within), bool)
                 is_piece[special_at] = False
                 stream[is_piece] = pieces
-                batch[name] = lay_out(stream, PAD_ID)
+                batch[name] = lay_out(stream, self.pad_id)
             batch[f"{side}_segments"] = lay_out(np.repeat(segment, lengths))
             batch[f"{side}_positions"] = lay_out(within)
         return {key: batch[key] for key in self.keys}

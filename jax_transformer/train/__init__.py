@@ -11,4 +11,5 @@
     interrupts.py   SIGINT/SIGTERM: finish the step, save, stop
     evaluation.py   held-out loss and nll, exact match, sacreBLEU, chrF, unigram entropy
     plots.py        the loss curve and an attention heatmap
+    finetune.py     --init-from: start from a checkpoint directory with its own tokenizer
 """

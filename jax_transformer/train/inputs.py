@@ -11,12 +11,15 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.encoding import train_tokenizer
+from jax_transformer.data.encoding import UNKNOWN_SHARE, count_many_unknown, train_tokenizer
 from jax_transformer.data.packing import PackedBatches, fitting_row_shape, positions_needed
 from jax_transformer.train.settings import DataSettings, TrainError
 from jax_transformer.train.task import TASKS
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
-from transformer_core.tokenizer import Tokenizer, TokenizerError
+from transformer_core.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
+                                        TokenizerError)
+
+MOSTLY_UNKNOWN = 0.5  # a split with more than this share of such examples is refused
 
 
 def log(message: str) -> None:
@@ -47,11 +50,14 @@ def load_tokenizer(workdir: Path, examples, data: DataSettings, seed: int,
     return tokenizer
 
 
-def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
-                 seed: int) -> dict[str, PackedBatches]:
+def make_batches(splits, tokenizer: Tokenizer, data: DataSettings, seed: int,
+                 special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
+                 ) -> dict[str, PackedBatches]:
     """Every split packed into rows of one shape, which holds the longest sentences of
     every split: one batch shape for training and evaluation. A language model's
-    lines are targets without a source: rows of source length 0."""
+    lines are targets without a source: rows of source length 0. `special_ids`: the
+    model's (pad, bos, eos). Examples with many unknown pieces are counted; a split
+    mostly made of them is refused."""
     encoded = {}
     for split, examples in splits.items():
         try:
@@ -61,6 +67,7 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
             raise TrainError(f"{e}; raise --max-len") from None
         if report.skipped:
             log(f"{split}: {report}")
+        check_unknown(split, src_ids, tgt_ids, tokenizer, report.unit)
         encoded[split] = src_ids, tgt_ids
 
     def needed(side: int):  # positions every example of every split needs on that side
@@ -71,7 +78,7 @@ def make_batches(splits, tokenizer: Tokenizer, data: DataSettings,
     row_shape = fitting_row_shape(needed(0), needed(1), data.max_len)
     batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
                                     batch_multiple=jax.device_count(),
-                                    shuffle=split == "train", seed=seed)
+                                    shuffle=split == "train", seed=seed, special_ids=special_ids)
                for split, (src_ids, tgt_ids) in encoded.items()}
     fill = batches["train"].fill()
     log(f"train batches: shapes (rows, source length, target length) "
@@ -93,3 +100,21 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
                   "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
         raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
                          f"{corpus} changed? Restore it, or use a new --workdir") from None
+
+
+def check_unknown(split: str, src_ids, tgt_ids, tokenizer, unit: str = "pairs") -> None:
+    """Log how many examples of a split have many unknown pieces (UNKNOWN_SHARE of a
+    side or more); a TrainError when they are most of it: the text is not in the
+    tokenizer's languages or script."""
+    unk = getattr(tokenizer, "unk_id", UNK_ID)
+    vocab = getattr(tokenizer, "vocab", None)  # a Marian tokenizer's, per side
+    tgt_unk = vocab["target"]["<unk>"] if isinstance(vocab, dict) and "target" in vocab else unk
+    count = count_many_unknown([src_ids, tgt_ids], [unk, tgt_unk])
+    if not count:
+        return
+    line = (f"{split}: {count} of {len(tgt_ids)} {unit} ({count / len(tgt_ids):.1%}) are "
+            f"{UNKNOWN_SHARE:.0%} or more unknown pieces (<unk>) to the tokenizer")
+    if count > MOSTLY_UNKNOWN * len(tgt_ids):
+        raise TrainError(f"{line}: is the text in the languages (and script) it was made "
+                         "for? Fix the corpus, or use another checkpoint's tokenizer")
+    log(line)

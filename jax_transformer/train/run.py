@@ -6,7 +6,9 @@ The task (--task, train.task) decides the corpus, the architecture and the final
 evaluation; the rest is shared. Resuming: a work directory that holds
 checkpoints is resumed from the latest one with the same settings, tokenizer,
 data order and dropout stream, so the losses continue exactly as in an
-uninterrupted run.
+uninterrupted run. Fine-tuning (--init-from DIR, train.finetune): the model, its
+weights and its tokenizer come from DIR, and the starting model is evaluated before
+the first step (WORKDIR/start_eval.json, eval.json's "start").
 """
 
 from __future__ import annotations
@@ -19,25 +21,31 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
 from jax_transformer import signals
 from jax_transformer.model import build_model
-from jax_transformer.train import compiling, evaluation, interrupts, plots
+from jax_transformer.pretrained import load_torch_state_dict
+from jax_transformer.train import compiling, evaluation, finetune, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
-from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
+from jax_transformer.train.step import Trainer, freeze, make_optimizer, make_schedule
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
                                            open_workdir, write_text_atomically)
+from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CONFIG_FILE, write_atomically
 from transformer_core.config import TransformerConfig
+from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
 
 
 class TrainingRun:
@@ -48,6 +56,7 @@ class TrainingRun:
         self.settings = settings
         self.task = TASKS[settings.data.task]
         self.started = time.monotonic()  # --time-budget counts from here
+        self.init = self.start = None  # fine-tuning: DIR, and the starting model's scores
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
@@ -62,6 +71,7 @@ class TrainingRun:
                               else (Path(settings.workdir), None))
         try:
             self.prepare()
+            self.start = self.evaluate_start() if self.init is not None else None
             started = time.time()
             state, report = self.train()
             train_seconds = time.time() - started
@@ -84,16 +94,36 @@ class TrainingRun:
         workdir = self.workdir
         self.checkpointer = Checkpointer(workdir, keep=settings.keep)
         self.resuming = self.checkpointer.latest_step() is not None
-        check_run_settings(workdir, self.settings.recorded(), self.resuming, self.primary)
+        self.init = init = (finetune.read_init_dir(settings.init_from) if settings.init_from
+                            else None)
+        recorded = self.settings.recorded()
+        if init is not None:
+            finetune.check_settings(self.settings, init)
+            recorded["init_from_fingerprint"] = finetune.fingerprint(init.directory)
+            log(f"fine-tuning {init.directory} (fingerprint "
+                f"{recorded['init_from_fingerprint']})")
+        check_run_settings(workdir, recorded, self.resuming, self.primary)
 
         self.splits = load_corpus(data_settings, settings.seed)
-        self.tokenizer = load_tokenizer(workdir, self.splits["train"], data_settings,
-                                        settings.seed, self.resuming)
-        self.batches = make_batches(self.splits, self.tokenizer, data_settings, settings.seed)
+        if init is None:
+            self.tokenizer = load_tokenizer(workdir, self.splits["train"], data_settings,
+                                            settings.seed, self.resuming)
+            special_ids = PAD_ID, BOS_ID, EOS_ID
+        else:  # the checkpoint's own tokenizer and special ids, never new ones
+            self.tokenizer = finetune.install_tokenizer(init, workdir, self.primary)
+            log(f"tokenizer: {init.directory}'s ({type(self.tokenizer).__name__}: "
+                f"{', '.join(finetune.tokenizer_files(init.directory))})")
+            special_ids = init.config.pad_id, init.config.bos_id, init.config.eos_id
+        self.batches = make_batches(self.splits, self.tokenizer, data_settings, settings.seed,
+                                    special_ids)
 
         config_path = workdir / CONFIG_FILE
         if self.resuming and config_path.exists():
             config = TransformerConfig.from_json(config_path)
+        elif init is not None:
+            config = finetune.run_config(init.config, model_settings)
+            if self.primary:
+                write_atomically(config_path, config.to_json)
         else:
             config = model_settings.config(self.tokenizer.vocab_size, data_settings.max_len,
                                            data_settings.architecture)
@@ -102,9 +132,14 @@ class TrainingRun:
         dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
         model = build_model(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
                             param_dtype=jnp.float32)
-        self.schedule = paper_schedule(config.d_model, settings.warmup, settings.lr_scale)
-        self.trainer = Trainer(model, make_optimizer(self.schedule, settings.clip_norm),
-                               settings.label_smoothing)
+        if init is not None and not self.resuming:  # a resume restores its own weights
+            _, tensors = checkpoint_dir.load_dir(init.directory)
+            load_torch_state_dict(model, {k: v.astype(np.float32) for k, v in tensors.items()})
+        self.schedule = make_schedule(settings, config.d_model)
+        optimizer = make_optimizer(self.schedule, settings.clip_norm)
+        if settings.freeze == "embeddings":
+            optimizer = freeze(optimizer)
+        self.trainer = Trainer(model, optimizer, settings.label_smoothing)
         num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
@@ -149,6 +184,9 @@ class TrainingRun:
             compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
             log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
                 f"{compiled['cache_hits']} loaded from the cache")
+            if self.start is not None and start_step == 0:  # the starting model, at step 0
+                metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
+                                  dev_perplexity=self.start["dev"]["perplexity"])
             if start_step < settings.steps:  # at the first step these programs train
                 metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
 
@@ -267,7 +305,12 @@ class TrainingRun:
 
     def export(self, state) -> None:
         """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
-        if self.primary:
+        if self.primary and self.init is not None:  # the tokenizer files it came with
+            self.trainer.model(state).save_pretrained(self.workdir / "export")
+            names = finetune.copy_tokenizer(self.workdir, self.workdir / "export")
+            log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
+                f"{', '.join(names)})")
+        elif self.primary:
             self.trainer.model(state).save_pretrained(self.workdir / "export",
                                                       tokenizer=self.tokenizer.path)
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
@@ -286,6 +329,8 @@ class TrainingRun:
         results["decoding"], results["samples"] = decoded["decoding"], decoded["samples"]
         results["test"].update(decoded["test"])
         results["test"]["decode_seconds"] = round(time.time() - started, 1)
+        if self.start is not None:
+            results["start"] = self.start
         if not self.primary:
             return results
         write_text_atomically(self.workdir / "eval.json", json.dumps(results, indent=2) + "\n")
@@ -294,3 +339,27 @@ class TrainingRun:
             self.task.attention_figure(model, self.tokenizer, results["samples"][0],
                                        self.workdir / "attention.png")
         return results
+
+    def evaluate_start(self) -> dict:
+        """A fine-tuning run's starting model before its first step: the held-out losses
+        and the test evaluation (BLEU, ...) the final evaluation repeats, logged and kept
+        in WORKDIR/start_eval.json (a resumed run reads them back)."""
+        path = self.workdir / START_EVAL_FILE
+        if self.resuming:  # the weights are the checkpoint's now, not the starting ones
+            if path.exists():
+                return json.loads(path.read_text())
+            log(f"{path} is missing: eval.json will have no \"start\"")
+            return None
+        state = self.trainer.initial_state
+        start = {split: evaluation.heldout_loss(self.trainer, state, self.batches[split])
+                 for split in ("dev", "test")}
+        decoded = self.task.evaluate_test(self.trainer.model(state), self.tokenizer,
+                                          self.splits["test"], self.settings.train, log)
+        start["test"].update(decoded["test"])
+        scores = ", ".join(f"{k} {v:.4g}" for k, v in decoded["test"].items()
+                           if k in ("bleu", "chrf", "exact_match", "second_half_match"))
+        log(f"before fine-tuning: dev loss {start['dev']['loss']:.4f}, test loss "
+            f"{start['test']['loss']:.4f}, test {scores}")
+        if self.primary:
+            write_text_atomically(path, json.dumps(start, indent=2) + "\n")
+        return start

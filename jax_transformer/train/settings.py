@@ -47,6 +47,13 @@ DEFAULT_PRESET = "tiny"
 # TransformerConfig fields the run sets itself: from the tokenizer, --max-len and --task.
 DERIVED_MODEL_FIELDS = ("architecture", "src_vocab_size", "tgt_vocab_size", "max_len",
                         "pad_id", "bos_id", "eos_id", "final_norm")
+# The learning-rate schedules (--lr-schedule): the paper's, for training from scratch,
+# and the two that fine-tuning uses (fairseq's and Hugging Face's choices).
+SCHEDULES = ("paper", "constant", "inverse_sqrt")
+# Defaults that differ when train.py fine-tunes a checkpoint (--init-from): a short
+# linear warm-up to --lr, then 1/sqrt(step).
+FINETUNE_DEFAULTS = {"lr_schedule": "inverse_sqrt", "warmup": 100}
+FREEZE_CHOICES = ("none", "embeddings")
 
 
 class TrainError(InputError):
@@ -219,6 +226,14 @@ class TrainSettings:
     """Optimisation, checkpoints, evaluation and output."""
     workdir: str = setting("runs/numbers", "where checkpoints, metrics.jsonl, eval.json, "
                            "figures and the exported model go; an existing run there is resumed")
+    init_from: str | None = setting(
+        None, "fine-tune: start from this checkpoint directory (a run's export/, or one "
+              "jaxformer-port wrote) with its config, weights and own tokenizer (none is "
+              "trained); the model flags default to its config.json and may only repeat it "
+              "(--dropout may differ), --max-len to its max_len; --lr-schedule defaults to "
+              f"{FINETUNE_DEFAULTS['lr_schedule']} and --warmup to {FINETUNE_DEFAULTS['warmup']}. "
+              "The run evaluates the starting model before the first step. Its fingerprint "
+              "is recorded: a resume needs the same DIR", metavar="DIR")
     steps: int = setting(1200, f"optimizer updates in total "
                                f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)")
     time_budget: float | None = setting(
@@ -226,9 +241,21 @@ class TrainSettings:
               "passed (corpus, tokenizer and compiling count), save that step, then export and "
               "evaluate as usual; a resumed run gets a fresh budget (default: no limit)",
         metavar="SECONDS")
-    warmup: int = setting(400, "warm-up steps of the paper's schedule")
+    warmup: int = setting(400, "warm-up steps: the paper's schedule's, or the linear warm-up "
+                               f"to --lr ({FINETUNE_DEFAULTS['warmup']} by default with "
+                               "--init-from)")
     lr_scale: float = setting(1.0, "multiplies the schedule d_model^-0.5 * min(step^-0.5, "
                                    "step * warmup^-1.5)")
+    lr_schedule: str = setting(
+        "paper", "paper: the paper's warm-up and decay scaled by --lr-scale (the default from "
+                 "scratch); constant, or inverse_sqrt (the default with --init-from): a "
+                 "linear warm-up over --warmup steps to --lr, then constant, or --lr * "
+                 "sqrt(warmup / step) (fairseq's inverse_sqrt)", choices=SCHEDULES)
+    lr: float = setting(5e-5, "peak learning rate of --lr-schedule constant and inverse_sqrt "
+                              "(the paper's schedule is scaled by --lr-scale instead)")
+    freeze: str = setting("none", "embeddings: keep the token embeddings (and a learned "
+                                  "position table) as they are; a tied output projection is "
+                                  "the target embedding, so it stays too", choices=FREEZE_CHOICES)
     label_smoothing: float = setting(0.1, "mass spread over the vocabulary; padding is ignored")
     clip_norm: float = setting(0.0, "clip gradients to this global norm; 0 = off")
     accumulate: int = setting(1, "micro-batches per update, gradients summed exactly")
@@ -263,6 +290,11 @@ class TrainSettings:
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
+        require(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        require(self.lr_schedule in SCHEDULES, f"--lr-schedule must be one of "
+                                               f"{', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        require(self.freeze in FREEZE_CHOICES, f"--freeze must be one of "
+                                               f"{', '.join(FREEZE_CHOICES)}, got {self.freeze!r}")
         require(self.time_budget is None or self.time_budget > 0,
                 f"--time-budget must be positive (seconds), got {self.time_budget}")
         require(0 <= self.label_smoothing < 1,
@@ -278,17 +310,20 @@ class TrainSettings:
 
 
 # Settings that only steer how long / how visibly a run goes; the others must
-# match when a work directory is resumed.
+# match when a work directory is resumed. (--init-from's directory may move: its
+# fingerprint, recorded by the run as "init_from_fingerprint", must match.)
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "quiet", "tensorboard", "compile_cache",
-                               "time_budget"})
+                               "time_budget", "init_from"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
                   "text_path": None, "layer_norm_eps": 1e-5, "scale_embeddings": True,
                   "position_encoding": "sinusoidal", "position_offset": 0,
-                  "share_embeddings": True, "tie_output": True, "output_bias": False}
+                  "share_embeddings": True, "tie_output": True, "output_bias": False,
+                  "lr_schedule": "paper", "lr": 5e-5, "freeze": "none",
+                  "init_from_fingerprint": None}
 
 
 def _name_metavars(*settings_classes) -> None:

@@ -1,7 +1,8 @@
 """Training maths and jit-compiled steps.
 
-The label-smoothed loss, the paper's learning-rate schedule, Adam(0.9, 0.98,
-1e-9) with optional global-norm clipping (optax), exact gradient accumulation,
+The label-smoothed loss, the paper's learning-rate schedule (and the fine-tuning
+ones), Adam(0.9, 0.98, 1e-9) with optional global-norm clipping (optax), frozen
+parameters, exact gradient accumulation,
 and train/eval steps compiled once per batch shape with buffers donated.
 Data parallelism: a 1-D device mesh with a "data" axis; the batch is sharded
 over it, parameters and optimizer state are replicated, and XLA inserts the
@@ -76,6 +77,44 @@ def paper_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
         step = jnp.asarray(count, dtype=float) + 1.0  # float64 under jax_enable_x64
         return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
     return schedule
+
+
+def warmup_schedule(kind: str, peak: float, warmup_steps: int):
+    """Fine-tuning schedules, step from 1: a linear warm-up to `peak` over `warmup_steps`,
+    then "constant" `peak`, or "inverse_sqrt" peak * sqrt(warmup / step) (fairseq's
+    inverse_sqrt; warm-up from 0)."""
+    if kind not in ("constant", "inverse_sqrt"):
+        raise ValueError(f"unknown schedule {kind!r}")
+
+    def schedule(count):
+        step = jnp.asarray(count, dtype=float) + 1.0
+        warm = step / warmup_steps
+        after = 1.0 if kind == "constant" else jnp.sqrt(warmup_steps / step)
+        return peak * jnp.minimum(warm, after)
+    return schedule
+
+
+def make_schedule(settings, d_model: int):
+    """--lr-schedule's schedule for a TrainSettings: the paper's, or a fine-tuning one."""
+    if settings.lr_schedule == "paper":
+        return paper_schedule(d_model, settings.warmup, settings.lr_scale)
+    return warmup_schedule(settings.lr_schedule, settings.lr, settings.warmup)
+
+
+def is_embedding(path) -> bool:
+    """Whether a parameter path (jax.tree_util key path) is a token or position table."""
+    return any(str(getattr(key, "key", getattr(key, "name", key))).endswith("_embed")
+               for key in path)
+
+
+def freeze(optimizer: optax.GradientTransformation, frozen=is_embedding
+           ) -> optax.GradientTransformation:
+    """`optimizer` for every parameter but those whose key path `frozen` picks, which
+    get zero updates (and no optimizer state), so they stay bit for bit."""
+    def labels(params):
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "frozen" if frozen(path) else "trained", params)
+    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
 def make_optimizer(schedule, clip_norm: float | None = None) -> optax.GradientTransformation:

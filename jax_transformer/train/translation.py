@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_transformer import translator
 from jax_transformer.data import corpora
-from jax_transformer.data.encoding import encode_pairs
+from jax_transformer.data.encoding import encode_checkpoint_pairs, encode_pairs
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
@@ -52,7 +52,10 @@ class TranslationTask:
 
 
     def encode(self, tokenizer: Tokenizer, pairs, max_len: int, name: str | None = None):
-        """(src_ids, tgt_ids, report): encoding.encode_pairs."""
+        """(src_ids, tgt_ids, report): encoding.encode_pairs, or with a checkpoint's other
+        tokenizer (--init-from a converted Marian model) encode_checkpoint_pairs."""
+        if not isinstance(tokenizer, Tokenizer):
+            return encode_checkpoint_pairs(tokenizer, pairs, max_len=max_len, name=name)
         return encode_pairs(tokenizer, pairs, max_len=max_len, name=name)
 
 
@@ -76,13 +79,20 @@ class TranslationTask:
     def attention_figure(self, model: Transformer, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
         """The last decoder layer's cross-attention while it reads a sample's translation."""
         config = model.config  # either text may take more than max_len tokens
-        src_ids = np.array([(tokenizer.encode(sample["source"]) + [config.eos_id])[:config.max_len]],
+        src_ids = np.array([tokenizer.encode_source(sample["source"])[:config.max_len]],
                            np.int32)
-        tgt_ids = np.array([([config.bos_id] + tokenizer.encode(sample["translation"]))
+        tgt_ids = np.array([([config.bos_id] + tokenizer.encode_target(sample["translation"]))
                             [:config.max_len]], np.int32)
         _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
-        piece = tokenizer.sp.IdToPiece
         plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
-                                [piece(int(i)) for i in src_ids[0]],
-                                [piece(int(i)) for i in tgt_ids[0]], path,
+                                [piece_name(tokenizer, i, "source") for i in src_ids[0]],
+                                [piece_name(tokenizer, i, "target") for i in tgt_ids[0]], path,
                                 f"last decoder layer's cross-attention: {sample['source']!r}")
+
+
+def piece_name(tokenizer, token_id, side: str) -> str:
+    """A token id's piece: ours (one SentencePiece vocabulary) or a Marian tokenizer's
+    (vocab.json, per side)."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer.sp.IdToPiece(int(token_id))
+    return tokenizer.pieces[side].get(int(token_id), "<unk>")

@@ -63,6 +63,7 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
             raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
                              "--workdir") from None
         saved = upgrade_recorded(saved)
+        check_init_from(workdir, saved.get(FINGERPRINT), settings.get(FINGERPRINT))
         changed = sorted(k for k in settings if saved.get(k) != settings[k])
         if changed:
             detail = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} -> {settings[k]!r}"
@@ -112,3 +113,22 @@ class MetricsLog:
             self.file.close()
             if self.tensorboard:
                 self.tensorboard.close()
+
+
+FINGERPRINT = "init_from_fingerprint"  # run_args.json: the --init-from checkpoint's digest
+
+
+def check_init_from(workdir: Path, saved: str | None, given: str | None) -> None:
+    """A resumed run starts from the checkpoint directory it started from (its
+    fingerprint, train.finetune.fingerprint), or from none if it trained from scratch."""
+    if saved == given:
+        return
+    if given is None:
+        raise TrainError(f"{workdir} holds a fine-tuning run (--init-from a checkpoint with "
+                         f"fingerprint {saved}): resume it with the same --init-from DIR")
+    if saved is None:
+        raise TrainError(f"{workdir} holds a run trained from scratch; fine-tune in a new "
+                         "--workdir")
+    raise TrainError(f"--init-from holds another checkpoint (fingerprint {given}) than the "
+                     f"one the run in {workdir} started from ({saved}): resume with that "
+                     "one, or fine-tune in a new --workdir")
