@@ -29,7 +29,7 @@ from jax_transformer.train import compiling, evaluation, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
-from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
@@ -42,6 +42,36 @@ from transformer_core.errors import RunFailed
 
 class TrainingDiverged(RunFailed):
     """The loss or the gradient norm became non-finite."""
+
+
+# jax.distributed.initialize()'s ValueError when a setting is missing -> (the setting,
+# where JAX looks for it). Outside a cluster JAX detects, it reads only the coordinator's
+# address from the environment.
+CLUSTERS = "a cluster it detects (Cloud TPU, SLURM, Open MPI)"
+MISSING_DISTRIBUTED = {
+    "coordinator_address should be defined": (
+        "coordinator address", f"JAX_COORDINATOR_ADDRESS is not set and this is not {CLUSTERS}"),
+    "Number of processes must be defined": (
+        "number of processes", f"JAX takes it from {CLUSTERS}, and this is not one"),
+    "process id of the current process must be defined": (
+        "process id", f"JAX takes it from {CLUSTERS}, and this is not one"),
+}
+
+
+def initialize_distributed() -> None:
+    """jax.distributed.initialize() with its settings from the environment; a setting it
+    cannot find is a TrainError naming it (JAX's own message names an argument train.py
+    does not have)."""
+    try:
+        jax.distributed.initialize()
+    except ValueError as e:
+        missing = next((found for text, found in MISSING_DISTRIBUTED.items() if text in str(e)),
+                       None)
+        if missing is None:
+            raise
+        what, why = missing
+        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: {why}; "
+                         "on one host, run without --distributed") from None
 
 
 class TrainingRun:
@@ -58,7 +88,7 @@ class TrainingRun:
         "train_seconds"."""
         settings = self.settings.train
         if settings.distributed:
-            jax.distributed.initialize()
+            initialize_distributed()
         compiling.use_compilation_cache(settings.compile_cache)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
