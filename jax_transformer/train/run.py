@@ -89,7 +89,7 @@ class TrainingRun:
         settings = self.settings.train
         if settings.distributed:
             initialize_distributed()
-        compiling.use_compilation_cache(settings.compile_cache)
+        compiling.use_compilation_cache(settings.compile_cache, warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary

@@ -49,3 +49,73 @@ def test_distributed_without_a_coordinator_names_what_is_missing(tmp_path, addre
     result = train(tmp_path / "run", "--distributed", "--steps", "1", env=env)
     assert_one_error_line(result, 2, "error: --distributed: jax.distributed.initialize() "
                           + missing, "run without --distributed")
+
+
+def cache_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if "compilation cache" in line or "--compile-cache" in line]
+
+
+def test_a_damaged_compile_cache_entry_is_replaced_with_one_warning(tmp_path):
+    """Before: every later run warned `UserWarning: Error reading persistent compilation
+    cache entry for 'jit__train_step'` (two lines) and compiled it again, for ever."""
+    cache = tmp_path / "cache"
+    assert train(tmp_path / "first", "--steps", "1", "--compile-cache", cache).returncode == 0
+    [entry] = cache.glob("jit__train_step-*-cache")
+    os.truncate(entry, entry.stat().st_size // 2)
+    damaged = train(tmp_path / "second", "--steps", "1", "--compile-cache", cache)
+    assert damaged.returncode == 0, damaged.stderr[-3000:]
+    assert cache_lines(damaged.stderr) == [
+        f"warning: --compile-cache {cache}: removed 1 damaged entry for jit__train_step "
+        "(error: Error -5 while decompressing data: incomplete or truncated stream); this run "
+        "compiles it and keeps it afresh"], damaged.stderr
+    assert "1 programs compiled" in damaged.stderr
+    again = train(tmp_path / "third", "--steps", "1", "--compile-cache", cache)
+    assert again.returncode == 0 and cache_lines(again.stderr) == [], again.stderr[-3000:]
+    assert "0 programs compiled, 2 loaded from the cache" in again.stderr
+
+
+@pytest.fixture
+def read_only_directory(tmp_path):
+    """An empty directory no one can write to: a read-only bind mount as root (root
+    writes through permissions), the permissions otherwise."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+        return
+    mount = subprocess.run(f"mount --bind {directory} {directory} && "
+                           f"mount -o remount,bind,ro {directory}", shell=True,
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        subprocess.run(["umount", str(directory)], capture_output=True)
+        pytest.skip(f"a read-only directory needs a read-only bind mount as root, and mount "
+                    f"is not permitted here: {mount.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_read_only_compile_cache_is_one_warning_line(tmp_path, read_only_directory):
+    """Before: ~150 `UserWarning: Error writing persistent compilation cache entry`
+    pairs of lines, one per program."""
+    result = train(tmp_path / "run", "--steps", "1", "--compile-cache", read_only_directory)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = cache_lines(result.stderr)
+    assert len(lines) == 1, f"{len(lines)} lines about the cache:\n" + "\n".join(lines[:6])
+    prefix = f"warning: --compile-cache {read_only_directory} is not writable ("
+    assert lines[0].startswith(prefix), lines[0]
+    assert lines[0].endswith("): programs found there are loaded, new ones are compiled and "
+                             "not kept"), lines[0]
+    assert "UserWarning" not in result.stderr
+
+
+def test_a_file_as_compile_cache_names_the_flag(tmp_path):
+    """Before: `error: [Errno 17] File exists: '...'`, naming no flag."""
+    (tmp_path / "FILE").touch()
+    result = train(tmp_path / "run", "--steps", "1", "--compile-cache", tmp_path / "FILE")
+    assert_one_error_line(result, 2, f"error: --compile-cache {tmp_path / 'FILE'} is a file, "
+                                     "not a directory")
