@@ -5,6 +5,7 @@ runs on with at most one warning line), never a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,3 +120,30 @@ def test_a_file_as_compile_cache_names_the_flag(tmp_path):
     result = train(tmp_path / "run", "--steps", "1", "--compile-cache", tmp_path / "FILE")
     assert_one_error_line(result, 2, f"error: --compile-cache {tmp_path / 'FILE'} is a file, "
                                      "not a directory")
+
+
+def test_resuming_on_another_device_count_names_the_device_count(tmp_path):
+    """Before: `error: the training data differ from those of checkpoint 2: ... saved for
+    batch shapes [[42, 48, 32]], these settings give [[43, 48, 32]] ... Was the built-in
+    corpus (its flags) changed?`: the data were the same, the rows were rounded to 3
+    devices. Checkpoints saved before the data position recorded its multiple are
+    recognised too."""
+    workdir = tmp_path / "run"
+    flags = ["--max-tokens", "2064", "--steps", "2"]  # 43 rows of 48 on 1 device, 42 on 3
+    first = train(workdir, *flags, env={**ENV, "JAX_NUM_CPU_DEVICES": "3"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    flags[-1] = "4"
+    one_device = {**ENV, "JAX_NUM_CPU_DEVICES": "1"}
+    assert_one_error_line(
+        train(workdir, *flags, env=one_device), 2,
+        "error: checkpoint 2 was saved by a run on 3 devices: batch rows are rounded down to "
+        "a multiple of the device count, so its batches of 42 rows are not this run's 43 rows "
+        "on 1 device(s), and its data position does not carry over; resume on 3 devices, or "
+        "use a new --workdir")
+    position = workdir / "checkpoints" / "2" / "data" / "metadata"
+    state = json.loads(position.read_text())
+    position.write_text(json.dumps({k: v for k, v in state.items() if k != "batch_multiple"}))
+    assert_one_error_line(
+        train(workdir, *flags, env=one_device), 2,
+        "error: checkpoint 2 was saved by a run on another number of devices: ",
+        "resume on the device count it was saved on, or use a new --workdir")
