@@ -26,7 +26,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jax_transformer.model import Transformer
+from jax_transformer.model import TokenModel, build_model
 from jax_transformer.train.step import TrainState
 from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig
@@ -161,11 +161,12 @@ def run_directory(path: str | Path) -> Path:
     return path
 
 
-def restore_model(path: str | Path, step: int | None = None) -> Transformer:
+def restore_model(path: str | Path, step: int | None = None) -> TokenModel:
     """The model (float32 parameters) from a training run's work directory or its
-    checkpoints/ directory; the latest step unless `step` is given."""
+    checkpoints/ directory, of the class its config's architecture names (a --task lm
+    run's is decoder_only); the latest step unless `step` is given."""
     workdir = run_directory(path)
-    model = Transformer(TransformerConfig.from_json(workdir / CONFIG_FILE), rngs=nnx.Rngs(0))
+    model = build_model(TransformerConfig.from_json(workdir / CONFIG_FILE), rngs=nnx.Rngs(0))
     checkpointer = Checkpointer(workdir)
     try:
         nnx.update(model, checkpointer.restore_params(nnx.state(model, nnx.Param), step))
