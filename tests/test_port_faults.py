@@ -114,16 +114,76 @@ def test_badly_typed_bundled_config_names_the_file(tmp_path, capsys):
 
 def test_badly_typed_torch_nn_mapping_is_an_error(tmp_path, capsys):
     """"norm_first": "false" in a --mapping file is not a pre-LN model."""
+    torch_nn_weights(tmp_path / "nn.pt")
+    (tmp_path / "map.json").write_text(json.dumps({"num_heads": 2, "norm_first": "false"}))
+    code, err = run_port(["--from", "torch-nn-transformer", tmp_path / "nn.pt", tmp_path / "out",
+                          "--mapping", tmp_path / "map.json"], capsys)
+    assert_one_error_line(code, err, "norm_first", "'false'")
+    assert not (tmp_path / "out").exists()
+
+
+# The smallest configs each Hugging Face importer reads (their fields, bar the ones tested).
+HF_CONFIGS = {
+    "hf-marian": MARIAN_CONFIG,
+    "hf-fsmt": {**{k: v for k, v in MARIAN_CONFIG.items()
+                   if k not in ("vocab_size", "pad_token_id")},
+                "model_type": "fsmt", "src_vocab_size": 10, "tgt_vocab_size": 10},
+    "hf-m2m100": {**MARIAN_CONFIG, "model_type": "m2m_100", "pad_token_id": 1},
+}
+
+
+@pytest.mark.parametrize("source, field, value, kind", [
+    ("hf-fsmt", "dropout", "abc", "a number"),
+    ("hf-fsmt", "attention_dropout", "x", "a number"),
+    ("hf-fsmt", "activation_function", ["relu"], "a string"),
+    ("hf-fsmt", "architectures", 5, "a list of strings"),
+    ("hf-fsmt", "encoder_attention_heads", "2", "an integer"),  # was "2 != 2"
+    ("hf-m2m100", "scale_embedding", "true", "a boolean (true or false)"),
+    ("hf-m2m100", "eos_token_id", ["2"], "an integer or a list of integers"),
+    ("hf-marian", "pad_token_id", "9", "an integer"),
+    ("hf-marian", "share_encoder_decoder_embeddings", 1, "a boolean (true or false)"),
+])
+def test_badly_typed_hugging_face_config_names_the_field(tmp_path, capsys, source, field,
+                                                          value, kind):
+    """Before: a traceback each (float("abc"), an unhashable list, iterating 5), or a
+    comparison of unlike types: `encoder_attention_heads 2 != decoder_attention_heads 2`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**HF_CONFIGS[source], field: value}))
+    code, err = run_port(["--from", source, src, tmp_path / "out"], capsys)
+    assert_one_error_line(code, err, f"error: {src / 'config.json'}: {field} must be {kind}, "
+                                     f"got {value!r} ({type(value).__name__})")
+    assert not (tmp_path / "out").exists()
+
+
+def torch_nn_weights(path: Path) -> Path:
     torch.manual_seed(0)
     model = torch.nn.ModuleDict({
         "transformer": torch.nn.Transformer(8, 2, 1, 1, 16, batch_first=True),
         "src_embed": torch.nn.Embedding(10, 8), "tgt_embed": torch.nn.Embedding(10, 8),
         "generator": torch.nn.Linear(8, 10)})
-    torch.save(model.state_dict(), tmp_path / "nn.pt")
-    (tmp_path / "map.json").write_text(json.dumps({"num_heads": 2, "norm_first": "false"}))
-    code, err = run_port(["--from", "torch-nn-transformer", tmp_path / "nn.pt", tmp_path / "out",
-                          "--mapping", tmp_path / "map.json"], capsys)
-    assert_one_error_line(code, err, "norm_first", "'false'")
+    torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("source, field, value, kind", [
+    ("torch-nn-transformer", "src_embed", 5, "a string"),  # was an AttributeError
+    ("torch-nn-transformer", "ignore", "generator", "a list of strings"),  # was per letter
+    ("torch-nn-encoder", "embed", ["tgt_embed"], "a string"),  # was an AttributeError
+])
+def test_badly_typed_torch_nn_mapping_names_the_field(tmp_path, capsys, source, field, value,
+                                                      kind):
+    weights = torch_nn_weights(tmp_path / "nn.pt")
+    mapping = {"num_heads": 2}
+    if source == "torch-nn-encoder":  # its one nn.TransformerEncoder, as a language model
+        mapping.update(architecture="decoder_only", encoder="transformer.encoder.",
+                       embed="tgt_embed", output="generator", position_key="",
+                       ignore=["transformer.decoder.", "src_embed."])
+    (tmp_path / "map.json").write_text(json.dumps({**mapping, field: value}))
+    code, err = run_port(["--from", source, weights, tmp_path / "out", "--mapping",
+                          tmp_path / "map.json"], capsys)
+    assert_one_error_line(code, err, f"error: {source} mapping: {field} must be {kind}, got "
+                                     f"{value!r}")
     assert not (tmp_path / "out").exists()
 
 

@@ -17,8 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from transformer_core.marian_tokenizer import MarianTokenizer
-from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
-                                          read_json_object)
+from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
+                                          check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
@@ -53,8 +53,11 @@ def marian_layer_modules(config: TransformerConfig) -> list[tuple[str, str]]:
     return pairs
 
 
-def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
-    """Map a Hugging Face MarianConfig (config.json as a dict) to ours, or raise PortError."""
+def marian_config(hf: Mapping[str, Any], source: str = "Marian config") -> TransformerConfig:
+    """Map a Hugging Face MarianConfig (config.json as a dict, read from `source`) to
+    ours, or raise PortError."""
+    check_field_types(hf, HF_CONFIG_TYPES, source)
+
     def get(name, default=None):
         value = hf.get(name, default)
         return default if value is None else value
@@ -173,7 +176,7 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
     src_dir = Path(src_dir)
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face Marian directory)")
-    config = marian_config(read_json_object(src_dir / "config.json"))
+    config = marian_config(read_json_object(src_dir / "config.json"), str(src_dir / "config.json"))
     tensors = marian_tensors(read_hf_weights(src_dir), config)
     checkpoint_dir.save_dir(out_dir, config, tensors)
     copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
