@@ -13,6 +13,10 @@ from typing import Any
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import TokenizerError
 
+# The files of a Marian (opus-mt) tokenizer in a Hugging Face directory.
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json",
+                          "tokenizer_config.json", "special_tokens_map.json")
+
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object, or a TokenizerError naming the file."""

@@ -215,5 +215,6 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> Transf
                         "directory)")
     config = make_config(read_json_object(src_dir / "config.json"), str(src_dir / "config.json"))
     tensors = make_tensors(read_hf_weights(src_dir), config)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        checkpoint_dir.save_dir(tmp, config, tensors)
     return config

@@ -116,7 +116,8 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
 def convert_torch_nn_transformer(src: str | Path, out_dir: str | Path,
                                  spec: Mapping[str, Any]) -> TransformerConfig:
     config, tensors = torch_nn_transformer_tensors(read_weights(src), spec)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        checkpoint_dir.save_dir(tmp, config, tensors)
     return config
 
 

@@ -35,7 +35,8 @@ from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
                                            open_workdir, write_text_atomically)
-from transformer_core.checkpoint_dir import CONFIG_FILE, write_atomically
+from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
+                                            write_atomically)
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import RunFailed
 
@@ -275,9 +276,9 @@ class TrainingRun:
 
     def export(self, state) -> None:
         """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
-        if self.primary:
-            self.trainer.model(state).save_pretrained(self.workdir / "export",
-                                                      tokenizer=self.tokenizer.path)
+        if self.primary:  # whole or not at all: a failure keeps the earlier export
+            with directory_written_whole(self.workdir / "export") as tmp:
+                self.trainer.model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 "tokenizer.model)")
 
