@@ -44,11 +44,17 @@ class UnreadableCheckpoint(CheckpointError):
 
 
 class Checkpointer:
-    def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True):
+    def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
+                 clean_up: bool = False):
+        """`clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
+        directories) a killed or failed run left (orbax's primary process does); for
+        the training run, which holds the work directory, never for a reader (port,
+        parity) that may look at a directory a run is writing."""
         self.manager = ocp.CheckpointManager(
             Path(workdir).absolute() / CHECKPOINTS,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                                 enable_async_checkpointing=async_save))
+                                                 enable_async_checkpointing=async_save,
+                                                 cleanup_tmp_directories=clean_up))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -131,6 +137,15 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def complete_steps(workdir: str | Path) -> list[int]:
+    """The steps saved whole under WORKDIR/checkpoints, read from the directory alone
+    (orbax renames a step's directory to its number once every file is written)."""
+    directory = Path(workdir).absolute() / CHECKPOINTS
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
 def drop_closed_loop_reports() -> None:

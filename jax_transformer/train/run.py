@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from jax_transformer import signals
 from jax_transformer.model import build_model
-from jax_transformer.train import compiling, evaluation, interrupts, plots
+from jax_transformer.train import compiling, disk_full, evaluation, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
@@ -86,7 +86,18 @@ class TrainingRun:
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
-        "train_seconds"."""
+        "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
+        and which checkpoint a resume starts from (disk_full.py)."""
+        disk_full.quiet_echoes()
+        try:
+            return self._run()
+        except Exception as error:
+            if not disk_full.is_disk_full(error):
+                raise
+            raise disk_full.stopped(Path(self.settings.train.workdir),
+                                    getattr(self, "checkpointer", None)) from None
+
+    def _run(self) -> dict:
         settings = self.settings.train
         if settings.distributed:
             initialize_distributed()
@@ -117,7 +128,7 @@ class TrainingRun:
         batches, the model and its trainer."""
         data_settings, model_settings, settings = self.settings
         workdir = self.workdir
-        self.checkpointer = Checkpointer(workdir, keep=settings.keep)
+        self.checkpointer = Checkpointer(workdir, keep=settings.keep, clean_up=True)
         self.resuming = self.checkpointer.latest_step() is not None
         check_run_settings(workdir, self.settings.recorded(), self.resuming, self.primary)
 

@@ -147,3 +147,48 @@ def test_resuming_on_another_device_count_names_the_device_count(tmp_path):
         train(workdir, *flags, env=one_device), 2,
         "error: checkpoint 2 was saved by a run on another number of devices: ",
         "resume on the device count it was saved on, or use a new --workdir")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB filesystem (tmpfs) at tmp_path/disk, which train.py fills part way;
+    `grow()` makes room. Mounting needs root: skipped where mount is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip("a full disk is a small tmpfs, and mounting one needs root (mount "
+                    f"failed: {mount.stderr.strip() or mount.returncode})")
+
+    def grow():
+        subprocess.run(["mount", "-o", "remount,size=64M", str(disk)], check=True)
+
+    try:
+        yield disk, grow
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(small_disk):
+    """Before: 100 to 1,100 lines of stderr and up to 115 tracebacks (orbax's background
+    threads, asyncio's unretrieved tasks, `Event loop is closed`, tensorboardX at exit),
+    the one `error: [Errno 28] No space left on device` line buried among them (or, when
+    tensorstore's RESOURCE_EXHAUSTED came last, no error line and exit 1 by traceback)."""
+    disk, grow = small_disk
+    workdir = disk / "wd"
+    full = train(workdir, "--steps", "10")
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps, f"no checkpoint fitted on the disk: {full.stderr[-2000:]}"
+    assert_one_error_line(
+        full, 1, f"error: the disk is full: no space left on the device holding {workdir}; the "
+                 f"newest complete checkpoint, step {steps[-1]} in {workdir / 'checkpoints'}, "
+                 "is intact: free space, then run the same command to resume from it")
+    assert len(full.stderr.splitlines()) < 15, full.stderr  # the run's own lines, and this one
+    grow()
+    resumed = train(workdir, "--steps", "10")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {steps[-1]} " in resumed.stderr
+    assert not list((workdir / "checkpoints").glob("*tmp*"))  # the unfinished save is gone
+    assert sorted(p.name for p in (workdir / "export").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.model"]
