@@ -312,7 +312,7 @@ def test_resume_refuses_a_state_from_other_data():
         data.iterator({**state, "index": len(data.epoch_plan(0))})
     # Rows rounded to another multiple (train.py: another device count) say so.
     with pytest.raises(BatchMultipleChanged, match=r"rows a multiple of 1\), these settings "
-                                                   r"give \[\[3, 64, 64\]\] \(rows a multiple of 3"):
+                       r"give \[\[3, 64, 64\]\] \(rows a multiple of 3"):
         PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)],
                       batch_multiple=3).iterator(state)
     # Same sizes, same shapes, one token changed: the fingerprint tells.
