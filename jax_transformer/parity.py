@@ -132,21 +132,38 @@ def sentence_batch(directory: str | Path, config: TransformerConfig,
 
 def traced_outputs(config: TransformerConfig) -> list[tuple[str, str, int, int | None]]:
     """The report's rows, in forward order: (row name, module path, which call of
-    that module, which element of its output or None for the whole output)."""
-    rows = [("encoder.embed", "embed", 0, None)]
-    for i in range(config.num_encoder_layers):
-        p = f"encoder.layers.{i}"
-        rows += [(f"{p}.self_attn.weights", f"{p}.self_attn", 0, 1),
-                 (f"{p}.self_attn.out", f"{p}.self_attn", 0, 0), (f"{p}.out", p, 0, 0)]
-    rows += [("encoder.out", "encoder", 0, 0), ("decoder.embed", "embed", 1, None)]
-    for i in range(config.num_decoder_layers):
-        p = f"decoder.layers.{i}"
-        for attn in ("self_attn", "cross_attn"):
-            rows += [(f"{p}.{attn}.weights", f"{p}.{attn}", 0, 1),
-                     (f"{p}.{attn}.out", f"{p}.{attn}", 0, 0)]
-        rows.append((f"{p}.out", p, 0, 0))
-    rows += [("decoder.out", "decoder", 0, 0), ("logits", "", 0, None)]
-    return rows
+    that module, which element of its output or None for the whole output). A
+    single-stack model has the rows of its one stack (a decoder_only one's without
+    cross-attention)."""
+    rows = []
+    if config.architecture != "decoder_only":
+        rows.append(("encoder.embed", "embed", 0, None))
+        for i in range(config.num_encoder_layers):
+            p = f"encoder.layers.{i}"
+            rows += [(f"{p}.self_attn.weights", f"{p}.self_attn", 0, 1),
+                     (f"{p}.self_attn.out", f"{p}.self_attn", 0, 0), (f"{p}.out", p, 0, 0)]
+        rows.append(("encoder.out", "encoder", 0, 0))
+    if config.architecture != "encoder_only":
+        after_encoder = int(config.architecture == "encoder_decoder")  # embed's 2nd call
+        rows.append(("decoder.embed", "embed", after_encoder, None))
+        attentions = (("self_attn", "cross_attn") if config.architecture == "encoder_decoder"
+                      else ("self_attn",))
+        for i in range(config.num_decoder_layers):
+            p = f"decoder.layers.{i}"
+            for attn in attentions:
+                rows += [(f"{p}.{attn}.weights", f"{p}.{attn}", 0, 1),
+                         (f"{p}.{attn}.out", f"{p}.{attn}", 0, 0)]
+            rows.append((f"{p}.out", p, 0, 0))
+        rows.append(("decoder.out", "decoder", 0, 0))
+    return rows + [("logits", "", 0, None)]
+
+
+def model_inputs(config: TransformerConfig, src: np.ndarray, tgt: np.ndarray) -> tuple:
+    """The batch as the model's forward takes it: (src, tgt) for a translator, the
+    source rows for an encoder_only model, the target rows (bos first) for a
+    decoder_only one."""
+    return {"encoder_decoder": (src, tgt), "encoder_only": (src,),
+            "decoder_only": (tgt,)}[config.architecture]
 
 
 def pick(calls: dict, config: TransformerConfig) -> dict:
@@ -164,21 +181,23 @@ def trace_jax(directory, dtype: str, src: np.ndarray, tgt: np.ndarray) -> dict[s
     import jax.numpy as jnp
     from flax import nnx
 
-    from jax_transformer.model import Transformer
+    from jax_transformer.model import from_pretrained
     if dtype == "bfloat16":
-        model = Transformer.from_pretrained(directory, param_dtype=jnp.float32,
-                                            dtype=jnp.bfloat16)
+        model = from_pretrained(directory, param_dtype=jnp.float32, dtype=jnp.bfloat16)
     else:
-        model = Transformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype))
+        model = from_pretrained(directory, param_dtype=jnp.dtype(dtype))
     model = nnx.view(model, deterministic=True)
     forward = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)
-    _, captured = forward(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32))
+    inputs = [jnp.asarray(ids, jnp.int32) for ids in model_inputs(model.config, src, tgt)]
+    _, captured = forward(*inputs)
     # {module path: outputs of its __call__}
     calls = {".".join(map(str, path[:-1] if path[-1] == "__call__" else path)):
              variable.get_value() for path, variable in nnx.to_flat_state(captured)}
     # capture sees methods a class defines itself, not TokenModel.embed: called again
-    calls["embed"] = [model.embed(model.source_embedding(), jnp.asarray(src, jnp.int32)),
-                      model.embed(model.target_embedding(), jnp.asarray(tgt, jnp.int32))]
+    tables = {"encoder_decoder": (model.source_embedding, model.target_embedding),
+              "encoder_only": (model.source_embedding,),
+              "decoder_only": (model.target_embedding,)}[model.config.architecture]
+    calls["embed"] = [model.embed(table(), ids) for table, ids in zip(tables, inputs)]
     return {k: np.asarray(v) for k, v in pick(calls, model.config).items()}
 
 
@@ -188,10 +207,9 @@ def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray,
     bfloat16: the float32 model under torch.autocast(bfloat16)."""
     import torch
 
-    import torch_reference
+    from torch_reference.model import from_pretrained
     param_dtype = torch.float32 if dtype == "bfloat16" else getattr(torch, dtype)
-    model = torch_reference.Transformer.from_pretrained(directory, dtype=param_dtype,
-                                                        device=device)
+    model = from_pretrained(directory, dtype=param_dtype, device=device)
     model.eval()
     calls: dict[str, list] = {}
     hooks = [module.register_forward_hook(
@@ -201,7 +219,8 @@ def trace_torch(directory, dtype: str, src: np.ndarray, tgt: np.ndarray,
                               enabled=dtype == "bfloat16")
     try:
         with torch.no_grad(), autocast:
-            model(torch.as_tensor(src, device=device), torch.as_tensor(tgt, device=device))
+            model(*(torch.as_tensor(ids, device=device)
+                    for ids in model_inputs(model.config, src, tgt)))
     finally:
         for hook in hooks:
             hook.remove()

@@ -18,6 +18,7 @@ import numpy as np
 
 from jax_transformer.data.packing import bucket_lengths, padded_length
 from transformer_core import checkpoint_dir
+from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
 from transformer_core.tokenizer import CheckpointTokenizer, TokenizerError
 
@@ -32,6 +33,14 @@ def load(checkpoint, framework: str):
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise TranslateError(f"checkpoint directory {directory} does not exist")
+    config_file = directory / checkpoint_dir.CONFIG_FILE
+    architecture = (TransformerConfig.from_json(config_file).architecture
+                    if config_file.is_file() else "encoder_decoder")  # load_dir names it
+    if architecture != "encoder_decoder":
+        hint = (f"; continue text with it: jaxformer-generate --checkpoint {directory}"
+                if architecture == "decoder_only" else "")
+        raise TranslateError(f"{directory} holds a {architecture} model; translate runs "
+                             f"encoder_decoder models (a translator){hint}")
     if framework == "torch":
         import torch
 

@@ -168,3 +168,26 @@ def test_unknown_dtype_and_device_are_input_errors(checkpoint, capsys):
     with pytest.raises(SystemExit) as exit_info:  # argparse's own usage error
         parity_command.main([str(checkpoint), "--device", "tpu"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("architecture, stack, absent", [
+    ("decoder_only", "decoder", ("encoder.", "cross_attn")),
+    ("encoder_only", "encoder", ("decoder.",)),
+])
+def test_report_covers_single_stack_checkpoints(tmp_path, capsys, architecture, stack, absent):
+    """Before: a --task lm model's checkpoint (decoder_only) failed with the internal
+    "Transformer builds 'encoder_decoder' models (build_model(config) picks the class)"."""
+    config = CONFIG.replace(architecture=architecture, num_encoder_layers=2,
+                            num_decoder_layers=2)
+    torch.manual_seed(0)
+    torch_reference.model.build_model(config).save_pretrained(tmp_path / "ckpt")
+    assert parity_command.main([str(tmp_path / "ckpt"), *SHAPE_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert f"({architecture}): batch 2 x {6 if stack == 'decoder' else 8} tokens" in out
+    assert "float32: PASS" in out and "float64: PASS" in out and "parity: PASS" in out
+    for i in range(2):
+        for row in ("self_attn.weights", "self_attn.out", "out"):
+            assert f"{stack}.layers.{i}.{row}" in out
+    assert f"{stack}.embed" in out and f"{stack}.out" in out and "logits" in out
+    assert not any(part in out for part in absent)

@@ -15,6 +15,8 @@ import torch_reference
 from jax_transformer.commands import port as port_command
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
+from transformer_core.marian_tokenizer import MarianTokenizer
+from transformer_core.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8, num_heads=2, d_ff=16,
@@ -114,17 +116,154 @@ def test_badly_typed_bundled_config_names_the_file(tmp_path, capsys):
 
 def test_badly_typed_torch_nn_mapping_is_an_error(tmp_path, capsys):
     """"norm_first": "false" in a --mapping file is not a pre-LN model."""
-    torch.manual_seed(0)
-    model = torch.nn.ModuleDict({
-        "transformer": torch.nn.Transformer(8, 2, 1, 1, 16, batch_first=True),
-        "src_embed": torch.nn.Embedding(10, 8), "tgt_embed": torch.nn.Embedding(10, 8),
-        "generator": torch.nn.Linear(8, 10)})
-    torch.save(model.state_dict(), tmp_path / "nn.pt")
+    torch_nn_weights(tmp_path / "nn.pt")
     (tmp_path / "map.json").write_text(json.dumps({"num_heads": 2, "norm_first": "false"}))
     code, err = run_port(["--from", "torch-nn-transformer", tmp_path / "nn.pt", tmp_path / "out",
                           "--mapping", tmp_path / "map.json"], capsys)
     assert_one_error_line(code, err, "norm_first", "'false'")
     assert not (tmp_path / "out").exists()
+
+
+# The smallest configs each Hugging Face importer reads (their fields, bar the ones tested).
+HF_CONFIGS = {
+    "hf-marian": MARIAN_CONFIG,
+    "hf-fsmt": {**{k: v for k, v in MARIAN_CONFIG.items()
+                   if k not in ("vocab_size", "pad_token_id")},
+                "model_type": "fsmt", "src_vocab_size": 10, "tgt_vocab_size": 10},
+    "hf-m2m100": {**MARIAN_CONFIG, "model_type": "m2m_100", "pad_token_id": 1},
+}
+
+
+@pytest.mark.parametrize("source, field, value, kind", [
+    ("hf-fsmt", "dropout", "abc", "a number"),
+    ("hf-fsmt", "attention_dropout", "x", "a number"),
+    ("hf-fsmt", "activation_function", ["relu"], "a string"),
+    ("hf-fsmt", "architectures", 5, "a list of strings"),
+    ("hf-fsmt", "encoder_attention_heads", "2", "an integer"),  # was "2 != 2"
+    ("hf-m2m100", "scale_embedding", "true", "a boolean (true or false)"),
+    ("hf-m2m100", "eos_token_id", ["2"], "an integer or a list of integers"),
+    ("hf-marian", "pad_token_id", "9", "an integer"),
+    ("hf-marian", "share_encoder_decoder_embeddings", 1, "a boolean (true or false)"),
+])
+def test_badly_typed_hugging_face_config_names_the_field(tmp_path, capsys, source, field,
+                                                          value, kind):
+    """Before: a traceback each (float("abc"), an unhashable list, iterating 5), or a
+    comparison of unlike types: `encoder_attention_heads 2 != decoder_attention_heads 2`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({**HF_CONFIGS[source], field: value}))
+    code, err = run_port(["--from", source, src, tmp_path / "out"], capsys)
+    assert_one_error_line(code, err, f"error: {src / 'config.json'}: {field} must be {kind}, "
+                                     f"got {value!r} ({type(value).__name__})")
+    assert not (tmp_path / "out").exists()
+
+
+def torch_nn_weights(path: Path) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({
+        "transformer": torch.nn.Transformer(8, 2, 1, 1, 16, batch_first=True),
+        "src_embed": torch.nn.Embedding(10, 8), "tgt_embed": torch.nn.Embedding(10, 8),
+        "generator": torch.nn.Linear(8, 10)})
+    torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.mark.parametrize("source, field, value, kind", [
+    ("torch-nn-transformer", "src_embed", 5, "a string"),  # was an AttributeError
+    ("torch-nn-transformer", "ignore", "generator", "a list of strings"),  # was per letter
+    ("torch-nn-encoder", "embed", ["tgt_embed"], "a string"),  # was an AttributeError
+])
+def test_badly_typed_torch_nn_mapping_names_the_field(tmp_path, capsys, source, field, value,
+                                                      kind):
+    weights = torch_nn_weights(tmp_path / "nn.pt")
+    mapping = {"num_heads": 2}
+    if source == "torch-nn-encoder":  # its one nn.TransformerEncoder, as a language model
+        mapping.update(architecture="decoder_only", encoder="transformer.encoder.",
+                       embed="tgt_embed", output="generator", position_key="",
+                       ignore=["transformer.decoder.", "src_embed."])
+    (tmp_path / "map.json").write_text(json.dumps({**mapping, field: value}))
+    code, err = run_port(["--from", source, weights, tmp_path / "out", "--mapping",
+                          tmp_path / "map.json"], capsys)
+    assert_one_error_line(code, err, f"error: {source} mapping: {field} must be {kind}, got "
+                                     f"{value!r}")
+    assert not (tmp_path / "out").exists()
+
+
+MARIAN_EXPORTABLE = CONFIG.replace(src_vocab_size=40, tgt_vocab_size=40,
+                                   position_layout="half_split")
+MARIAN_FILES = {"config.json", "generation_config.json", "model.safetensors", "source.spm",
+                "target.spm", "vocab.json", "tokenizer_config.json"}
+
+
+def exportable_checkpoint(directory: Path) -> Path:
+    """Our checkpoint directory, with a SentencePiece tokenizer, that Marian can hold."""
+    text = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine"] * 20
+    directory.mkdir()
+    Tokenizer.train(text, directory / "spm.model", vocab_size=40)
+    torch.manual_seed(0)
+    torch_reference.Transformer(MARIAN_EXPORTABLE).save_pretrained(
+        directory, tokenizer=directory / "spm.model")
+    (directory / "spm.model").unlink()
+    return directory
+
+
+def beside(path: Path) -> list[str]:
+    """What lies beside `path` in its parent, its own name aside."""
+    return sorted(p.name for p in path.parent.iterdir() if p.name != path.name)
+
+
+def test_export_into_an_earlier_output_replaces_it_whole(tmp_path, capsys):
+    """Before: OUT holding a `{}` target_vocab.json got model.safetensors and config.json,
+    then `error: ... target_vocab.json ...` (exit 2), and kept both half-written files."""
+    ours = exportable_checkpoint(tmp_path / "ours")
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "target_vocab.json").write_text("{}")
+    code, err = run_port(["--to", "hf-marian", ours, out], capsys)
+    assert code == 0, err
+    assert {p.name for p in out.iterdir()} == MARIAN_FILES  # no stale vocabulary
+    MarianTokenizer(out).check_fits(MARIAN_EXPORTABLE)
+    assert beside(out) == ["ours"]  # no temporary directory left
+
+
+@pytest.mark.parametrize("direction", ["--to", "--from"])
+def test_a_conversion_failing_part_way_leaves_nothing(tmp_path, capsys, direction):
+    """The Marian tokenizer is checked after the weights are written: a `{}`
+    target_vocab.json fails it. Before: --from hf-marian left config.json,
+    model.safetensors and the tokenizer files in OUT (exit 2); --to hf-marian copied the
+    broken vocabulary without checking it (exit 0). Now OUT is as it was: absent, or an
+    earlier output, unchanged."""
+    ours = exportable_checkpoint(tmp_path / "ours")
+    src = tmp_path / "marian"
+    assert run_port(["--to", "hf-marian", ours, src], capsys)[0] == 0
+    if direction == "--to":  # our checkpoint converted from Marian carries its files
+        assert run_port(["--from", "hf-marian", src, tmp_path / "converted"], capsys)[0] == 0
+        src = tmp_path / "converted"
+    (src / "target_vocab.json").write_text("{}")
+    before = {p.name for p in tmp_path.iterdir()}
+    code, err = run_port([direction, "hf-marian", src, tmp_path / "new" / "out"], capsys)
+    assert_one_error_line(code, err, f"error: {tmp_path / 'new' / 'out'}: vocab has no '</s>'")
+    assert {p.name for p in tmp_path.iterdir()} == before  # nor the directory made above it
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "config.json").write_text("{\"kept\": true}\n")
+    code, err = run_port([direction, "hf-marian", src, tmp_path / "earlier"], capsys)
+    assert_one_error_line(code, err, f"error: {tmp_path / 'earlier'}: vocab has no '</s>'")
+    assert {p.name for p in tmp_path.iterdir()} == before | {"earlier"}
+    assert [p.name for p in (tmp_path / "earlier").iterdir()] == ["config.json"]
+    assert (tmp_path / "earlier" / "config.json").read_text() == "{\"kept\": true}\n"
+
+
+def test_a_directory_holding_other_files_is_refused(tmp_path, capsys):
+    """Replacing OUT whole would delete what else it holds: refused before any work."""
+    ours = exportable_checkpoint(tmp_path / "ours")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    code, err = run_port(["--to", "hf-marian", ours, tmp_path / "out"], capsys)
+    assert_one_error_line(code, err, f"error: {tmp_path / 'out'} holds files a checkpoint "
+                                     "directory does not (notes.txt)")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
+    code, err = run_port(["--to", "hf-marian", ours, ours], capsys)
+    assert_one_error_line(code, err, f"error: the output directory {ours} is the source")
 
 
 @pytest.mark.slow

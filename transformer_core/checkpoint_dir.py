@@ -17,12 +17,13 @@ The Flax <-> torch naming rule is written once, in `flax_path_to_torch_key`:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import stat
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Collection, Iterator, Mapping
 
 import numpy as np
 import safetensors
@@ -30,13 +31,17 @@ import safetensors.numpy
 
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError, listing
-from transformer_core.fairseq_tokenizer import FairseqTokenizer
-from transformer_core.marian_tokenizer import MarianTokenizer
+from transformer_core.fairseq_tokenizer import FAIRSEQ_TOKENIZER_FILES, FairseqTokenizer
+from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
 from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_FILE = "tokenizer.model"
+# What our exporters and converters write into a directory (ours, or a Hugging Face
+# Marian one): a directory holding only these is an earlier output, which a new one replaces.
+OUTPUT_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, "generation_config.json",
+                          *MARIAN_TOKENIZER_FILES, *FAIRSEQ_TOKENIZER_FILES})
 
 
 class CheckpointError(InputError):
@@ -167,6 +172,63 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def directory_written_whole(path: str | os.PathLike,
+                            replaceable: Collection[str] = OUTPUT_FILES) -> Iterator[Path]:
+    """Write a directory whole or not at all: yields a new empty directory beside `path`
+    (.NAME.HEX.tmp) to write into; when the block ends without an error it is renamed
+    to `path`. A failure part way (an error, a full disk) removes it and leaves `path`
+    as it was, so a reader sees the old directory or the new one, never part of one.
+
+    An existing `path` is replaced whole, so it must be an earlier output: empty, or
+    holding only `replaceable` names (and write_atomically's leftovers). Anything else
+    in it is refused before a byte is written (a CheckpointError naming the files),
+    since replacing the directory would delete them. Directories made above `path`
+    are removed again after a failure."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} is a file, not a directory")
+    if path.is_dir():
+        others = sorted(entry.name for entry in path.iterdir() if entry.name not in replaceable
+                        and not (entry.name.startswith(".") and entry.name.endswith(".tmp")))
+        if others:
+            raise CheckpointError(
+                f"{path} holds files a checkpoint directory does not ({listing(others)}); "
+                "writing there would replace the directory and delete them: choose a new or "
+                "empty directory")
+    made = [parent for parent in path.absolute().parents if not parent.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.mkdir()  # the mode mkdir gives (0o777 & ~umask), as the directory it becomes
+    try:
+        yield tmp
+        _rename_into_place(tmp, path)
+    except BaseException as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for parent in made:  # innermost first; only the empty ones this call made
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(error, InputError) and str(tmp) in str(error):  # a check of the output
+            raise type(error)(str(error).replace(str(tmp), str(path))) from error
+        raise
+
+
+def _rename_into_place(tmp: Path, path: Path) -> None:
+    """`tmp` becomes `path`; an existing `path` is moved aside first and deleted once
+    `tmp` is in its place (or put back if that fails)."""
+    if not path.exists():
+        os.rename(tmp, path)
+        return
+    old = path.with_name(f".{path.name}.{secrets.token_hex(4)}.old")
+    os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str, np.ndarray]]:

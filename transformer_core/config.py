@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import os
+import types
 import typing
 from typing import Any, Literal
 
@@ -68,9 +69,9 @@ class TransformerConfig:
     def __post_init__(self):
         for name, annotation in _field_types().items():
             value = getattr(self, name)
-            if not _has_type(value, annotation):
-                raise ConfigError(f"{name} must be {_describe(annotation)}, got {value!r} "
-                                  f"({type(value).__name__})")
+            problem = type_problem(name, value, annotation)
+            if problem:
+                raise ConfigError(problem)
             if annotation is float:  # an int from JSON ("dropout": 0) is stored as a float
                 object.__setattr__(self, name, float(value))
         positive = ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
@@ -154,17 +155,39 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(TransformerConfig)
 
 
+def type_problem(name: str, value: Any, annotation: Any) -> str | None:
+    """None when `value` has the type `annotation`, else "NAME must be ..., got VALUE
+    (TYPE)". The rules of TransformerConfig's fields, shared with every reader of a
+    foreign config (jax_transformer.port): bool only for bool, int (not bool) for int,
+    int or float (not bool) for float, one of the listed strings for a Literal, and
+    str, list[X] and X | Y as written."""
+    if _has_type(value, annotation):
+        return None
+    return f"{name} must be {_describe(annotation)}, got {value!r} ({type(value).__name__})"
+
+
 def _has_type(value: Any, annotation: Any) -> bool:
-    """bool only for bool, int not bool for int, int or float (not bool) for float,
-    one of the listed strings for a Literal."""
-    if typing.get_origin(annotation) is Literal:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
         return isinstance(value, str) and value in typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, option) for option in typing.get_args(annotation))
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_has_type(v, item) for v in value)
     if isinstance(value, bool):
         return annotation is bool
     return isinstance(value, (int, float) if annotation is float else annotation)
 
 
 def _describe(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(annotation)))
-    return {bool: "a boolean (true or false)", int: "an integer", float: "a number"}[annotation]
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(map(_describe, typing.get_args(annotation)))
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        return "a list of " + {str: "strings", int: "integers"}.get(item, _describe(item))
+    return {bool: "a boolean (true or false)", int: "an integer", float: "a number",
+            str: "a string"}[annotation]

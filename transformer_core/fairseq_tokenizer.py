@@ -29,6 +29,7 @@ from transformer_core.tokenizer import TokenizerError
 
 SPM_FILE, VOCAB_FILE = "sentencepiece.bpe.model", "fairseq_tokenizer.json"
 FAST_FILE = "tokenizer.json"
+FAIRSEQ_TOKENIZER_FILES = (SPM_FILE, VOCAB_FILE, FAST_FILE)  # what a converted directory holds
 
 
 class FairseqTokenizer:

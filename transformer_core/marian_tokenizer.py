@@ -12,6 +12,10 @@ from transformer_core.config import TransformerConfig
 from transformer_core import text
 from transformer_core.tokenizer import TokenizerError
 
+# The files of a Marian (opus-mt) tokenizer in a Hugging Face directory.
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json",
+                          "tokenizer_config.json", "special_tokens_map.json")
+
 
 def split_language_code(text: str) -> tuple[str | None, str]:
     """(">>fra<<", " rest") for a text that starts with a target-language code, else

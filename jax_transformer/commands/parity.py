@@ -59,8 +59,10 @@ def report_command(argv: list[str] | None = None) -> int:
     dtypes = [d for item in args.dtypes for d in item.split(",") if d]  # "a,b" works too
     reports = run(args.checkpoint, dtypes, src=src, tgt=tgt, device=args.device,
                   tolerances={"float32": args.tol32, "float64": args.tol64})
-    print_reports(reports, f"checkpoint {args.checkpoint}: batch {src.shape[0]} x src "
-                           f"{src.shape[1]} / tgt {tgt.shape[1]} tokens ({what})")
+    lengths = {"encoder_decoder": f"src {src.shape[1]} / tgt {tgt.shape[1]}",
+               "encoder_only": f"{src.shape[1]}", "decoder_only": f"{tgt.shape[1]}"}
+    print_reports(reports, f"checkpoint {args.checkpoint} ({config.architecture}): batch "
+                           f"{src.shape[0]} x {lengths[config.architecture]} tokens ({what})")
     ok = all(r.ok for r in reports)
     print("\nparity: " + ("PASS" if ok else "FAIL"))
     return 0 if ok else 1

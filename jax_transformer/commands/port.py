@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from jax_transformer.commands import exit_codes
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
@@ -101,6 +102,8 @@ def convert(argv: list[str] | None = None) -> int:
     g.add_argument("--bos-id", type=int)
     g.add_argument("--eos-id", type=int)
     args = parser.parse_args(argv)
+    if Path(args.out).resolve() == Path(args.src).resolve():  # the output replaces OUT whole
+        raise PortError(f"the output directory {args.out} is the source: choose another")
 
     if args.target == "hf-marian":
         config, tokenizer = export_hf_marian(args.src, args.out)

@@ -111,6 +111,15 @@ def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
     return rows
 
 
+class BatchMultipleChanged(CorpusError):
+    """A saved position's batches had their rows rounded to another multiple (train.py:
+    another device count), so its batch plan is not this one."""
+
+    def __init__(self, message: str, saved_multiple: int):
+        super().__init__(message)
+        self.saved_multiple = saved_multiple
+
+
 class PackedBatches:
     """One split's encoded pairs (or a language model's lines), served as packed
     fixed-shape batches."""
@@ -132,7 +141,7 @@ class PackedBatches:
                               f"{len(tgt_ids)}")
         if batch_multiple < 1:
             raise CorpusError(f"batch_multiple must be positive, got {batch_multiple}")
-        self.src_ids, self.tgt_ids = src_ids, tgt_ids
+        self.src_ids, self.tgt_ids, self.batch_multiple = src_ids, tgt_ids, batch_multiple
         self.keys = TEXT_KEYS if src_ids is None else BATCH_KEYS
         self.shuffle, self.seed, self.max_tokens = shuffle, seed, max_tokens
         self.pad_id, self.bos_id, self.eos_id = special_ids
@@ -283,10 +292,11 @@ def fitting_row_shape(src_needed: np.ndarray | None, tgt_needed: np.ndarray,
 class BatchIterator:
     """Endless, resumable iteration over the epochs of a `PackedBatches`.
 
-    get_state() -> {"epoch": e, "index": i, "shapes": [...], "fingerprint": f}:
-    JSON-able; `index` is the next batch within epoch e; the batch `shapes` and
-    the data's `fingerprint` let set_state refuse a state saved for different
-    data or batch settings.
+    get_state() -> {"epoch": e, "index": i, "shapes": [...], "fingerprint": f,
+    "batch_multiple": m}: JSON-able; `index` is the next batch within epoch e; the
+    batch `shapes`, the data's `fingerprint` and the `batch_multiple` the rows were
+    rounded to let set_state refuse a state saved for different data or batch
+    settings, and say which (BatchMultipleChanged: another device count).
     """
 
     def __init__(self, batches: PackedBatches):
@@ -307,7 +317,8 @@ class BatchIterator:
     def get_state(self) -> dict:
         return {"epoch": self.epoch, "index": self.index,
                 "shapes": [list(shape) for shape in self.batches.shapes()],
-                "fingerprint": self.batches.fingerprint}
+                "fingerprint": self.batches.fingerprint,
+                "batch_multiple": self.batches.batch_multiple}
 
     def set_state(self, state: dict) -> None:
         if state.get("fingerprint") != self.batches.fingerprint:
@@ -315,6 +326,13 @@ class BatchIterator:
                               f"{state.get('fingerprint')}; these data give "
                               f"{self.batches.fingerprint})")
         shapes = [list(shape) for shape in self.batches.shapes()]
+        saved_multiple = state.get("batch_multiple")  # states saved before it: absent
+        if state.get("shapes") != shapes and saved_multiple not in (None,
+                                                                     self.batches.batch_multiple):
+            raise BatchMultipleChanged(
+                f"iterator state {state} was saved for batches of {state.get('shapes')} "
+                f"(rows a multiple of {saved_multiple}), these settings give {shapes} (rows a "
+                f"multiple of {self.batches.batch_multiple})", saved_multiple)
         if state.get("shapes") != shapes:
             raise CorpusError(f"iterator state {state} was saved for batch shapes "
                               f"{state.get('shapes')}, these settings give {shapes}; resume "

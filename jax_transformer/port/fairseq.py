@@ -27,8 +27,8 @@ import numpy as np
 # transformers' activation names and BART's layer names are Marian's.
 from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
 from jax_transformer.port.fairseq_tokens import m2m100_tokenizer, write_m2m100_tokenizer
-from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
-                                          read_json_object)
+from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
+                                          check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
@@ -40,8 +40,10 @@ POSITION_TOLERANCE_PER_ROW = 2.0 ** -22
 
 # ------------------------------------------------------------------ configs
 
-def fsmt_config(hf: Mapping[str, Any]) -> TransformerConfig:
-    """Map a Hugging Face FSMTConfig (config.json as a dict) to ours, or raise PortError."""
+def fsmt_config(hf: Mapping[str, Any], source: str = "FSMT config") -> TransformerConfig:
+    """Map a Hugging Face FSMTConfig (config.json as a dict, read from `source`) to ours,
+    or raise PortError."""
+    check_field_types(hf, HF_CONFIG_TYPES, source)
     get, require = _reader(hf, "FSMT")
     tie = bool(get("tie_word_embeddings", False))
     src, tgt = get("src_vocab_size", 42024), get("tgt_vocab_size", 42024)
@@ -53,8 +55,10 @@ def fsmt_config(hf: Mapping[str, Any]) -> TransformerConfig:
                    share_embeddings=tie, tie_output=tie)
 
 
-def m2m100_config(hf: Mapping[str, Any]) -> TransformerConfig:
-    """Map a Hugging Face M2M100Config (M2M100, NLLB dense) to ours, or raise PortError."""
+def m2m100_config(hf: Mapping[str, Any], source: str = "M2M100 config") -> TransformerConfig:
+    """Map a Hugging Face M2M100Config (M2M100, NLLB dense; config.json as a dict, read
+    from `source`) to ours, or raise PortError."""
+    check_field_types(hf, HF_CONFIG_TYPES, source)
     get, _ = _reader(hf, "M2M100")
     tie = bool(get("tie_word_embeddings", True))
     vocab = get("vocab_size", 128112)
@@ -91,8 +95,7 @@ def _config(hf, family: str, model_type: str, architectures: tuple[str, ...],
     for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"),
                      ("encoder_ffn_dim", "decoder_ffn_dim")):
         require(get(enc, 16) == get(dec, 16), f"{enc} {get(enc)} != {dec} {get(dec)}")
-    pad = get("pad_token_id", 1)
-    require(type(pad) is int, f"pad_token_id {pad!r} is not an integer")  # offset = pad + 1
+    pad = get("pad_token_id", 1)  # an integer (check_field_types): the offset is pad + 1
     eos = get("eos_token_id", 2)
     if isinstance(eos, list):
         require(len(eos) == 1, f"eos_token_id {eos} (one end token expected)")
@@ -211,10 +214,11 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> Transf
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face {family} "
                         "directory)")
-    config = make_config(read_json_object(src_dir / "config.json"))
+    config = make_config(read_json_object(src_dir / "config.json"), str(src_dir / "config.json"))
     tokenizer = m2m100_tokenizer(src_dir) if family == "M2M100" else None
     tensors = make_tensors(read_hf_weights(src_dir), config)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
-    if tokenizer is not None:
-        write_m2m100_tokenizer(src_dir, Path(out_dir), tokenizer)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        checkpoint_dir.save_dir(tmp, config, tensors)
+        if tokenizer is not None:
+            write_m2m100_tokenizer(src_dir, tmp, tokenizer)
     return config

@@ -138,7 +138,15 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
     hf = hf_marian_tensors(tensors, config)
     marian_files = MarianTokenizer.is_present(src_dir)
     vocab = None if marian_files else _vocab_from_sentencepiece(src_dir, config)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:  # a failure leaves nothing
+        tokenizer = _write_marian_dir(tmp, src_dir, config, hf_config, hf, marian_files, vocab)
+    return config, tokenizer
+
+
+def _write_marian_dir(out_dir: Path, src_dir: Path, config: TransformerConfig,
+                      hf_config: dict, hf: dict, marian_files: bool,
+                      vocab: dict[str, int] | None) -> str:
+    """The Marian directory's files, in `out_dir`; how the tokenizer was written."""
     arrays = {k: np.ascontiguousarray(v) for k, v in hf.items()}
     checkpoint_dir.write_atomically(out_dir / "model.safetensors", lambda p: safetensors.numpy
                                     .save_file(arrays, p, metadata={"format": "pt"}))
@@ -149,9 +157,10 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
             if (src_dir / name).is_file():
                 checkpoint_dir.write_atomically(
                     out_dir / name, lambda p, name=name: shutil.copyfile(src_dir / name, p))
-        return config, "copied"
+        MarianTokenizer(out_dir).check_fits(config)
+        return "copied"
     if vocab is None:
-        return config, "none"
+        return "none"
     for name in ("source.spm", "target.spm"):
         checkpoint_dir.write_atomically(out_dir / name, lambda p: shutil.copyfile(
             src_dir / checkpoint_dir.TOKENIZER_FILE, p))
@@ -160,7 +169,7 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
         "tokenizer_class": "MarianTokenizer", "pad_token": "<pad>", "eos_token": "</s>",
         "unk_token": "<unk>", "separate_vocabs": False, "model_max_length": config.max_len})
     MarianTokenizer(out_dir).check_fits(config)
-    return config, "converted"
+    return "converted"
 
 
 def _vocab_from_sentencepiece(src_dir: Path, config: TransformerConfig) -> dict[str, int] | None:

@@ -16,15 +16,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from transformer_core.marian_tokenizer import MarianTokenizer
-from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
-                                          read_json_object)
+from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
+from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
+                                          check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
-
-MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json",
-                          "tokenizer_config.json", "special_tokens_map.json")
 
 MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
 # Config flags of the BART family that MarianMTModel does not implement: only these values.
@@ -53,8 +50,11 @@ def marian_layer_modules(config: TransformerConfig) -> list[tuple[str, str]]:
     return pairs
 
 
-def marian_config(hf: Mapping[str, Any]) -> TransformerConfig:
-    """Map a Hugging Face MarianConfig (config.json as a dict) to ours, or raise PortError."""
+def marian_config(hf: Mapping[str, Any], source: str = "Marian config") -> TransformerConfig:
+    """Map a Hugging Face MarianConfig (config.json as a dict, read from `source`) to
+    ours, or raise PortError."""
+    check_field_types(hf, HF_CONFIG_TYPES, source)
+
     def get(name, default=None):
         value = hf.get(name, default)
         return default if value is None else value
@@ -173,13 +173,14 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
     src_dir = Path(src_dir)
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face Marian directory)")
-    config = marian_config(read_json_object(src_dir / "config.json"))
+    config = marian_config(read_json_object(src_dir / "config.json"), str(src_dir / "config.json"))
     tensors = marian_tensors(read_hf_weights(src_dir), config)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
-    copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
-    for name in copied:
-        shutil.copyfile(src_dir / name, Path(out_dir) / name)
-    if "vocab.json" in copied:
-        MarianTokenizer(out_dir).check_fits(config)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:  # a failure leaves nothing
+        checkpoint_dir.save_dir(tmp, config, tensors)
+        copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
+        for name in copied:
+            shutil.copyfile(src_dir / name, tmp / name)
+        if "vocab.json" in copied:
+            MarianTokenizer(tmp).check_fits(config)
     return config
 

@@ -30,7 +30,8 @@ def convert_torch_reference(src: str | Path, out_dir: str | Path,
     tensors = read_weights(src)
     tensors.pop("config", None)
     try:
-        checkpoint_dir.save_dir(out_dir, config, tensors, tokenizer=tokenizer)
+        with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+            checkpoint_dir.save_dir(tmp, config, tensors, tokenizer=tokenizer)
     except checkpoint_dir.CheckpointError as e:
         raise PortError(str(e)) from e
     return config
@@ -46,5 +47,6 @@ def convert_jax_orbax(src: str | Path, out_dir: str | Path, step: int | None = N
         raise PortError(str(e)) from e
     if tokenizer is None:  # the run's own tokenizer, when it has one
         tokenizer = checkpoint_dir.tokenizer_path(run_directory(src))
-    model.save_pretrained(out_dir, tokenizer=tokenizer)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        model.save_pretrained(tmp, tokenizer=tokenizer)
     return model.config

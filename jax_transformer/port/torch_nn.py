@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jax_transformer.port.reading import PortError, TensorConsumer, read_weights
+from jax_transformer.port.reading import (PortError, TensorConsumer, check_field_types,
+                                          read_weights)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 
@@ -115,7 +116,8 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
 def convert_torch_nn_transformer(src: str | Path, out_dir: str | Path,
                                  spec: Mapping[str, Any]) -> TransformerConfig:
     config, tensors = torch_nn_transformer_tensors(read_weights(src), spec)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        checkpoint_dir.save_dir(tmp, config, tensors)
     return config
 
 
@@ -132,17 +134,27 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ shared with torch_nn_encoder.py
 
+# The mapping fields of both torch.nn sources, with their types (TransformerConfig's
+# where a field is one of its own under the same or another name: norm_first is pre_norm).
+MAPPING_TYPES: dict[str, Any] = {
+    "architecture": str, "transformer": str, "encoder": str, "src_embed": str,
+    "tgt_embed": str, "embed": str, "output": str, "positions": str, "position_key": str,
+    "ignore": list[str], "num_heads": int, "activation": str, "norm_first": bool,
+    "layer_norm_eps": float, "scale_embeddings": bool, "position_layout": str, "max_len": int,
+    "dropout": float, "pad_id": int, "bos_id": int, "eos_id": int,
+}
+
+
 def merge_spec(spec: Mapping[str, Any], defaults: Mapping[str, Any], source: str) -> dict:
-    """The mapping over its defaults; unknown fields and a non-boolean norm_first are errors."""
+    """The mapping over its defaults; unknown fields and values of another type than
+    MAPPING_TYPES' are errors."""
     merged = {**defaults, **{k: v for k, v in spec.items() if v is not None}}
     unknown = sorted(set(merged) - set(defaults))
     if unknown:
         raise PortError(f"unknown {source} mapping field(s): {', '.join(unknown)}")
+    check_field_types(merged, MAPPING_TYPES, f"{source} mapping")
     if merged["num_heads"] is None:
         raise PortError("--num-heads is required: nhead is not in the state dict")
-    if not isinstance(merged["norm_first"], bool):  # the config's pre_norm, under another name
-        raise PortError(f"mapping field norm_first must be a boolean (true or false), got "
-                        f"{merged['norm_first']!r}")
     return merged
 
 

@@ -240,5 +240,6 @@ def detect_scale_embeddings(forward, config: TransformerConfig, tensors: Mapping
 def convert_torch_nn_encoder(src: str | Path, out_dir: str | Path,
                              spec: Mapping[str, Any]) -> TransformerConfig:
     config, tensors = torch_nn_encoder_tensors(read_weights(src), spec)
-    checkpoint_dir.save_dir(out_dir, config, tensors)
+    with checkpoint_dir.directory_written_whole(out_dir) as tmp:
+        checkpoint_dir.save_dir(tmp, config, tensors)
     return config

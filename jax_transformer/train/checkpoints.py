@@ -26,7 +26,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from jax_transformer.model import Transformer
+from jax_transformer.model import TokenModel, build_model
 from jax_transformer.train.step import TrainState
 from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig
@@ -44,11 +44,17 @@ class UnreadableCheckpoint(CheckpointError):
 
 
 class Checkpointer:
-    def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True):
+    def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
+                 clean_up: bool = False):
+        """`clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
+        directories) a killed or failed run left (orbax's primary process does); for
+        the training run, which holds the work directory, never for a reader (port,
+        parity) that may look at a directory a run is writing."""
         self.manager = ocp.CheckpointManager(
             Path(workdir).absolute() / CHECKPOINTS,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                                 enable_async_checkpointing=async_save))
+                                                 enable_async_checkpointing=async_save,
+                                                 cleanup_tmp_directories=clean_up))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -146,6 +152,15 @@ def root_cause(error: BaseException) -> BaseException:
     return error
 
 
+def complete_steps(workdir: str | Path) -> list[int]:
+    """The steps saved whole under WORKDIR/checkpoints, read from the directory alone
+    (orbax renames a step's directory to its number once every file is written)."""
+    directory = Path(workdir).absolute() / CHECKPOINTS
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
 def drop_closed_loop_reports() -> None:
     """Silence one known echo of a failed restore: tensorstore reads still in flight
     call back into orbax's event loop after it closed, and Python reports each as an
@@ -174,11 +189,12 @@ def run_directory(path: str | Path) -> Path:
     return path
 
 
-def restore_model(path: str | Path, step: int | None = None) -> Transformer:
+def restore_model(path: str | Path, step: int | None = None) -> TokenModel:
     """The model (float32 parameters) from a training run's work directory or its
-    checkpoints/ directory; the latest step unless `step` is given."""
+    checkpoints/ directory, of the class its config's architecture names (a --task lm
+    run's is decoder_only); the latest step unless `step` is given."""
     workdir = run_directory(path)
-    model = Transformer(TransformerConfig.from_json(workdir / CONFIG_FILE), rngs=nnx.Rngs(0))
+    model = build_model(TransformerConfig.from_json(workdir / CONFIG_FILE), rngs=nnx.Rngs(0))
     checkpointer = Checkpointer(workdir)
     try:
         nnx.update(model, checkpointer.restore_params(nnx.state(model, nnx.Param), step))

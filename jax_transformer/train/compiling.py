@@ -1,7 +1,8 @@
 """Compile once: JAX's persistent compilation cache, ahead-of-time compiles, and counts.
 
     use_compilation_cache(dir)   compiled programs are kept in `dir`; a repeated or
-                                 resumed run loads them instead of compiling
+                                 resumed run loads them instead of compiling; its
+                                 faults are one warning line at most (CacheWarnings)
     compile_ahead(jobs, log)     compiles every (name, jitted, args) before training,
                                  several at a time, one progress line each
     CompileCounter               programs XLA compiled and seconds; persistent-cache hits
@@ -13,14 +14,23 @@ process (train and eval steps, decoding, small eager ops).
 from __future__ import annotations
 
 import concurrent.futures
+import glob
+import math
 import os
+import re
+import sys
+import tempfile
 import threading
 import time
+import warnings
+import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
 import jax
 from jax import monitoring
+
+from jax_transformer.train.settings import TrainError
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program
 TRACE, LOWER = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"
@@ -29,17 +39,135 @@ DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"
                          "jax_transformer", "xla")
 
 
-def use_compilation_cache(directory: str | os.PathLike | None) -> None:
+def use_compilation_cache(directory: str | os.PathLike | None,
+                          warn: Callable[[str], None] | None = None) -> None:
     """Keep every compiled program (however quick to compile) in `directory`, or
-    turn JAX's persistent cache off with None."""
+    turn JAX's persistent cache off with None. A directory that cannot be made is a
+    TrainError naming --compile-cache; one that cannot be written is used read-only
+    (its programs load, new ones are not kept), said in one line through `warn`."""
     if directory is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    Path(directory).mkdir(parents=True, exist_ok=True)
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise TrainError(f"--compile-cache {directory} is a file, not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrainError(f"--compile-cache {directory} cannot be created ({e.strerror}); "
+                         "choose another directory or --no-compile-cache") from None
+    writable = _can_write(directory)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX keeps programs that took this long to compile: all of them, or (read-only) none.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      0.0 if writable is None else math.inf)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    reporter = CacheWarnings.install(directory, warn)
+    if writable is not None:
+        reporter.report(f"warning: --compile-cache {directory} is not writable ({writable}): "
+                        "programs found there are loaded, new ones are compiled and not kept")
+
+
+def _can_write(directory: Path) -> str | None:
+    """None when a file can be made in `directory`, else why not."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+class CacheWarnings:
+    """JAX warns once per program when its persistent cache cannot be read or written:
+    ~150 warnings for a run on a read-only cache, and the same warning in every run for
+    a damaged entry, which JAX never overwrites (it writes a key only when absent). Here
+    they become one line per run at most, and a damaged entry is removed when JAX meets
+    it, so that the program JAX then compiles is kept in its place."""
+
+    PREFIXES = ("Error reading persistent compilation cache entry",
+                "Error writing persistent compilation cache entry")
+    _installed: "CacheWarnings | None" = None
+
+    def __init__(self, directory: Path, warn: Callable[[str], None] | None):
+        self.directory, self.reported = directory, False
+        self.warn = warn or (lambda line: print(line, file=sys.stderr))
+        self.lock = threading.Lock()
+
+    @classmethod
+    def install(cls, directory: Path, warn: Callable[[str], None] | None) -> "CacheWarnings":
+        """Route JAX's cache warnings to a reporter for `directory` (the latest one
+        installed; one hook on warnings.showwarning for the process)."""
+        if cls._installed is None:
+            show = warnings.showwarning
+
+            def showwarning(message, category, filename, lineno, file=None, line=None):
+                reporter = cls._installed
+                if not (reporter and str(message).startswith(cls.PREFIXES)):
+                    return show(message, category, filename, lineno, file, line)
+                reporter.handle(str(message))
+
+            warnings.showwarning = showwarning
+        cls._installed = cls(directory, warn)
+        return cls._installed
+
+    def report(self, line: str) -> None:
+        """Say `line`, unless this run already said one."""
+        with self.lock:
+            if not self.reported:
+                self.reported = True
+                self.warn(line)
+
+    def handle(self, message: str) -> None:
+        reason = message.split(": ", 1)[-1]
+        found = re.search(r"entry for '([^']+)'", message)
+        if not (message.startswith(self.PREFIXES[0]) and found):
+            self.report(f"warning: --compile-cache {self.directory} cannot be written "
+                        f"({reason}): compiled programs are not kept")
+            return
+        removed = self.remove_damaged(found.group(1))
+        self.report(f"warning: --compile-cache {self.directory}: "
+                    + (f"removed {removed} damaged entr{'y' if removed == 1 else 'ies'} for "
+                       f"{found.group(1)} ({reason}); this run compiles it and keeps it afresh"
+                       if removed else f"cannot read the entry for {found.group(1)} ({reason}); "
+                       "it is compiled afresh"))
+
+    def remove_damaged(self, module: str) -> int:
+        """Remove `module`'s entries that do not decompress (JAX names each entry
+        '<module>-<hash>-cache' and compresses it with zstandard or zlib); how many."""
+        removed = 0
+        with self.lock:
+            for path in self.directory.glob(f"{glob.escape(module)}-*-cache"):
+                try:
+                    if not _decompresses(path.read_bytes()):
+                        path.unlink()
+                        removed += 1
+                except OSError:
+                    pass  # gone, or not ours to remove: JAX compiles the program anyway
+        return removed
+
+
+def _decompresses(data: bytes) -> bool:
+    """Whether `data` is a whole stream of one of the compressions JAX writes its
+    entries with: zstandard (Python's compression.zstd or the zstandard package), zlib."""
+    decompressors = [zlib.decompress]
+    try:
+        from compression import zstd  # Python 3.14+
+        decompressors.append(zstd.decompress)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+        decompressors.append(zstandard.ZstdDecompressor().decompress)
+    except ImportError:
+        pass
+    for decompress in decompressors:
+        try:
+            decompress(data)
+            return True
+        except Exception:  # zlib.error, ZstdError: each library its own
+            continue
+    return False
 
 
 class CompileCounter:

@@ -12,7 +12,8 @@ from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import UNKNOWN_SHARE, count_many_unknown, train_tokenizer
-from jax_transformer.data.packing import PackedBatches, fitting_row_shape, positions_needed
+from jax_transformer.data.packing import (BatchMultipleChanged, PackedBatches, fitting_row_shape,
+                                          positions_needed)
 from jax_transformer.train.settings import DataSettings, TrainError
 from jax_transformer.train.task import TASKS
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
@@ -94,7 +95,14 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
     """Put the batch iterator where checkpoint `step` left it, or say what changed."""
     try:
         batches.set_state(data_state)
+    except BatchMultipleChanged as e:
+        raise TrainError(other_device_count(data_state, batches, step, e.saved_multiple)
+                         ) from None
     except CorpusError as e:
+        if rows_alone_differ(data_state, batches.batches):
+            # A state saved before it recorded its multiple: the settings (max_tokens) and
+            # row lengths match, so the rows were rounded to another device count.
+            raise TrainError(other_device_count(data_state, batches, step, None)) from None
         corpus = ("the built-in corpus (its flags)" if data_settings.builtin else
                   "--columns-path" if data_settings.columns_path else
                   "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
@@ -118,3 +126,24 @@ def check_unknown(split: str, src_ids, tgt_ids, tokenizer, unit: str = "pairs") 
         raise TrainError(f"{line}: is the text in the languages (and script) it was made "
                          "for? Fix the corpus, or use another checkpoint's tokenizer")
     log(line)
+
+
+def rows_alone_differ(data_state: dict, batches: PackedBatches) -> bool:
+    """The same data and row lengths, other rows per batch."""
+    saved, shapes = data_state.get("shapes") or [], [list(s) for s in batches.shapes()]
+    return (data_state.get("fingerprint") == batches.fingerprint and len(saved) == len(shapes)
+            and [s[1:] for s in saved] == [s[1:] for s in shapes]
+            and [s[0] for s in saved] != [s[0] for s in shapes])
+
+
+def other_device_count(data_state: dict, batches, step: int, saved_devices: int | None) -> str:
+    """Why checkpoint `step`'s data position does not fit this run: its batches' rows
+    were rounded down to a multiple of another device count."""
+    then = f"{saved_devices} devices" if saved_devices else "another number of devices"
+    again = f"{saved_devices} devices" if saved_devices else "the device count it was saved on"
+    saved_rows = "/".join(str(shape[0]) for shape in data_state["shapes"])
+    rows = "/".join(str(shape[0]) for shape in batches.batches.shapes())
+    return (f"checkpoint {step} was saved by a run on {then}: batch rows are rounded down to "
+            f"a multiple of the device count, so its batches of {saved_rows} rows are not this "
+            f"run's {rows} rows on {jax.device_count()} device(s), and its data position does "
+            f"not carry over; resume on {again}, or use a new --workdir")

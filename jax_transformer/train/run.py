@@ -28,7 +28,7 @@ from tqdm import tqdm
 from jax_transformer import signals
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
-from jax_transformer.train import compiling, evaluation, finetune, interrupts, plots
+from jax_transformer.train import compiling, disk_full, evaluation, finetune, interrupts, plots
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
@@ -41,11 +41,42 @@ from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
                                            open_workdir, write_text_atomically)
 from transformer_core import checkpoint_dir
-from transformer_core.checkpoint_dir import CONFIG_FILE, write_atomically
+from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
+                                            write_atomically)
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
+
+
+# jax.distributed.initialize()'s ValueError when a setting is missing -> (the setting,
+# where JAX looks for it). Outside a cluster JAX detects, it reads only the coordinator's
+# address from the environment.
+CLUSTERS = "a cluster it detects (Cloud TPU, SLURM, Open MPI)"
+MISSING_DISTRIBUTED = {
+    "coordinator_address should be defined": (
+        "coordinator address", f"JAX_COORDINATOR_ADDRESS is not set and this is not {CLUSTERS}"),
+    "Number of processes must be defined": (
+        "number of processes", f"JAX takes it from {CLUSTERS}, and this is not one"),
+    "process id of the current process must be defined": (
+        "process id", f"JAX takes it from {CLUSTERS}, and this is not one"),
+}
+
+
+def initialize_distributed() -> None:
+    """jax.distributed.initialize() with its settings from the environment; a setting it
+    cannot find is a TrainError naming it (JAX's own message names an argument train.py
+    does not have)."""
+    try:
+        jax.distributed.initialize()
+    except ValueError as e:
+        missing = next((found for text, found in MISSING_DISTRIBUTED.items() if text in str(e)),
+                       None)
+        if missing is None:
+            raise
+        what, why = missing
+        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: {why}; "
+                         "on one host, run without --distributed") from None
 
 
 class TrainingRun:
@@ -60,11 +91,22 @@ class TrainingRun:
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
-        "train_seconds"."""
+        "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
+        and which checkpoint a resume starts from (disk_full.py)."""
+        disk_full.quiet_echoes()
+        try:
+            return self._run()
+        except Exception as error:
+            if not disk_full.is_disk_full(error):
+                raise
+            raise disk_full.stopped(Path(self.settings.train.workdir),
+                                    getattr(self, "checkpointer", None)) from None
+
+    def _run(self) -> dict:
         settings = self.settings.train
         if settings.distributed:
-            jax.distributed.initialize()
-        compiling.use_compilation_cache(settings.compile_cache)
+            initialize_distributed()
+        compiling.use_compilation_cache(settings.compile_cache, warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary
@@ -92,7 +134,7 @@ class TrainingRun:
         batches, the model and its trainer."""
         data_settings, model_settings, settings = self.settings
         workdir = self.workdir
-        self.checkpointer = Checkpointer(workdir, keep=settings.keep)
+        self.checkpointer = Checkpointer(workdir, keep=settings.keep, clean_up=True)
         self.resuming = self.checkpointer.latest_step() is not None
         self.init = init = (finetune.read_init_dir(settings.init_from) if settings.init_from
                             else None)
@@ -305,16 +347,16 @@ class TrainingRun:
 
     def export(self, state) -> None:
         """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
-        if self.primary and self.init is not None:  # the tokenizer files it came with
-            self.trainer.model(state).save_pretrained(self.workdir / "export")
-            names = finetune.copy_tokenizer(self.workdir, self.workdir / "export")
+        if self.primary:  # whole or not at all: a failure keeps the earlier export
+            with directory_written_whole(self.workdir / "export") as tmp:
+                if self.init is not None:  # the tokenizer files it came with
+                    self.trainer.model(state).save_pretrained(tmp)
+                    names = finetune.copy_tokenizer(self.workdir, tmp)
+                else:
+                    self.trainer.model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
+                    names = [self.tokenizer.path.name]
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")
-        elif self.primary:
-            self.trainer.model(state).save_pretrained(self.workdir / "export",
-                                                      tokenizer=self.tokenizer.path)
-            log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
-                "tokenizer.model)")
 
     def evaluate(self, state, report: dict) -> dict:
         """Held-out losses and the task's test evaluation (the test set decoded); writes

@@ -182,3 +182,37 @@ def test_torch_reference_runs_without_jax(saved):
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_a_directory_written_whole_replaces_an_earlier_one_or_leaves_it_as_it_was(tmp_path):
+    target = tmp_path / "a" / "b" / "out"
+    with pytest.raises(CheckpointError, match=f"error in {tmp_path / 'a' / 'b' / 'out'}/x$"):
+        with checkpoint_dir.directory_written_whole(target) as tmp:
+            (tmp / "config.json").write_text("partial")
+            raise CheckpointError(f"error in {tmp}/x")  # named by the final path
+    assert list(tmp_path.iterdir()) == []  # neither the output nor the directories above it
+    for text in ("first", "second"):
+        with checkpoint_dir.directory_written_whole(target) as tmp:
+            (tmp / "config.json").write_text(text)
+            assert not (target / "config.json").exists() or text == "second"
+        assert [p.name for p in target.iterdir()] == ["config.json"]
+        assert (target / "config.json").read_text() == text
+        assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
+    with pytest.raises(OSError):
+        with checkpoint_dir.directory_written_whole(target) as tmp:
+            (tmp / "model.safetensors").write_bytes(b"half")
+            raise OSError(28, "No space left on device")
+    assert [p.name for p in target.iterdir()] == ["config.json"]
+    assert (target / "config.json").read_text() == "second"
+
+
+def test_a_directory_written_whole_refuses_to_replace_other_files(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="holds files a checkpoint directory does not "
+                                              r"\(notes.txt\)"):
+        with checkpoint_dir.directory_written_whole(tmp_path):
+            pytest.fail("the block must not run")
+    with pytest.raises(CheckpointError, match="is a file, not a directory"):
+        with checkpoint_dir.directory_written_whole(tmp_path / "notes.txt"):
+            pytest.fail("the block must not run")
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -9,7 +9,7 @@ from num2words import num2words
 
 from jax_transformer.data import encoding, packing
 from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_pairs, train_tokenizer
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
 from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
                                      cardinal_words, holdout_split, number_corpus,
                                      read_columns, read_parallel_text, sample_numbers)
@@ -288,7 +288,7 @@ def test_resume_continues_exactly_across_an_epoch_boundary():
         next(interrupted)
     state = json.loads(json.dumps(interrupted.get_state()))
     assert state == {"epoch": 0, "index": n - 2, "shapes": [[4, 64, 64]],
-                     "fingerprint": data.fingerprint}
+                     "fingerprint": data.fingerprint, "batch_multiple": 2}
     resumed = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], batch_multiple=2,
                             seed=5).iterator(state)
     following = [next(resumed) for _ in range(2 + len(data.epoch_plan(1)) + 2)]
@@ -310,6 +310,11 @@ def test_resume_refuses_a_state_from_other_data():
         PackedBatches(src, tgt, max_tokens=512, row_shapes=[(64, 64)]).iterator(state)
     with pytest.raises(ValueError, match="out of range"):
         data.iterator({**state, "index": len(data.epoch_plan(0))})
+    # Rows rounded to another multiple (train.py: another device count) say so.
+    with pytest.raises(BatchMultipleChanged, match=r"rows a multiple of 1\), these settings "
+                       r"give \[\[3, 64, 64\]\] \(rows a multiple of 3"):
+        PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)],
+                      batch_multiple=3).iterator(state)
     # Same sizes, same shapes, one token changed: the fingerprint tells.
     changed = [ids.copy() for ids in src]
     changed[7][0] += 1

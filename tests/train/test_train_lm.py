@@ -12,7 +12,9 @@ import pytest
 from flax import nnx
 
 from jax_transformer import generator, lm_decoding
+from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
+from jax_transformer.commands import translate as translate_command
 from jax_transformer.data.encoding import train_tokenizer
 from jax_transformer.data.corpora import counting_text
 from jax_transformer.model import DecoderOnlyTransformer
@@ -144,3 +146,25 @@ def test_lm_on_a_text_file_resumes_exactly(tmp_path):
     with pytest.raises(settings.TrainError, match="--task 'lm' -> 'translate'"):
         tiny_run(tmp_path / "resumed", "--steps", "12")
     assert np.isfinite([loss for _, loss in losses(tmp_path / "resumed")]).all()
+
+
+@pytest.mark.slow
+def test_lm_training_checkpoints_convert_and_translate_points_to_generate(lm_run, tmp_path,
+                                                                           capsys):
+    """Before: `port --from jax-orbax` and `translate` on a --task lm run failed with the
+    internal "Transformer builds 'encoder_decoder' models (build_model(config) picks the
+    class)" (restore_model and translate built the translator's class)."""
+    workdir, _ = lm_run
+    out = tmp_path / "converted"
+    assert port_command.main(["--from", "jax-orbax", str(workdir / "checkpoints"), str(out),
+                              "--step", "8"]) == 0, capsys.readouterr().err
+    converted = DecoderOnlyTransformer.from_pretrained(out)
+    assert converted.config == TransformerConfig.from_json(workdir / "config.json")
+    assert (out / "tokenizer.model").read_bytes() == (workdir / "tokenizer.model").read_bytes()
+    capsys.readouterr()
+    for checkpoint in (out, workdir / "export"):
+        assert translate_command.main(["--checkpoint", str(checkpoint)]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {checkpoint} holds a decoder_only model; translate runs encoder_decoder "
+            f"models (a translator); continue text with it: jaxformer-generate --checkpoint "
+            f"{checkpoint}\n")

@@ -1,0 +1,194 @@
+"""train.py where its surroundings fail it, met as a user meets them (a real train.py
+process each): no coordinator for --distributed, another device count on resume, a
+damaged or read-only compilation cache, a full disk. Each ends in one clear line (or
+runs on with at most one warning line), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.train.runs import REPO_ROOT, TINY
+
+pytestmark = pytest.mark.slow  # train.py subprocesses
+ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+# What jax.distributed.initialize() reads to find its coordinator and peers.
+CLUSTER_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
+                     "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
+
+
+def train(workdir, *flags, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", "--workdir", str(workdir), *TINY, *flags],
+                          cwd=REPO_ROOT, env=env or ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_error_line(result, code: int, *parts: str) -> str:
+    """Exit `code`, no traceback, and the last line of stderr the one `error:` line."""
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], result.stderr
+    for part in parts:
+        assert part in lines[-1], lines[-1]
+    return lines[-1]
+
+
+@pytest.mark.parametrize("address, missing", [
+    (None, "found no coordinator address: JAX_COORDINATOR_ADDRESS is not set"),
+    ("127.0.0.1:1", "found no number of processes"),
+])
+def test_distributed_without_a_coordinator_names_what_is_missing(tmp_path, address, missing):
+    """Before: `ValueError: coordinator_address should be defined.` (a traceback, exit 1)."""
+    env = {k: v for k, v in ENV.items() if k not in CLUSTER_VARIABLES}
+    if address:
+        env["JAX_COORDINATOR_ADDRESS"] = address
+    result = train(tmp_path / "run", "--distributed", "--steps", "1", env=env)
+    assert_one_error_line(result, 2, "error: --distributed: jax.distributed.initialize() "
+                          + missing, "run without --distributed")
+
+
+def cache_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if "compilation cache" in line or "--compile-cache" in line]
+
+
+def test_a_damaged_compile_cache_entry_is_replaced_with_one_warning(tmp_path):
+    """Before: every later run warned `UserWarning: Error reading persistent compilation
+    cache entry for 'jit__train_step'` (two lines) and compiled it again, for ever."""
+    cache = tmp_path / "cache"
+    assert train(tmp_path / "first", "--steps", "1", "--compile-cache", cache).returncode == 0
+    [entry] = cache.glob("jit__train_step-*-cache")
+    os.truncate(entry, entry.stat().st_size // 2)
+    damaged = train(tmp_path / "second", "--steps", "1", "--compile-cache", cache)
+    assert damaged.returncode == 0, damaged.stderr[-3000:]
+    assert cache_lines(damaged.stderr) == [
+        f"warning: --compile-cache {cache}: removed 1 damaged entry for jit__train_step "
+        "(error: Error -5 while decompressing data: incomplete or truncated stream); this run "
+        "compiles it and keeps it afresh"], damaged.stderr
+    assert "1 programs compiled" in damaged.stderr
+    again = train(tmp_path / "third", "--steps", "1", "--compile-cache", cache)
+    assert again.returncode == 0 and cache_lines(again.stderr) == [], again.stderr[-3000:]
+    assert "0 programs compiled, 2 loaded from the cache" in again.stderr
+
+
+@pytest.fixture
+def read_only_directory(tmp_path):
+    """An empty directory no one can write to: a read-only bind mount as root (root
+    writes through permissions), the permissions otherwise."""
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+        return
+    mount = subprocess.run(f"mount --bind {directory} {directory} && "
+                           f"mount -o remount,bind,ro {directory}", shell=True,
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        subprocess.run(["umount", str(directory)], capture_output=True)
+        pytest.skip(f"a read-only directory needs a read-only bind mount as root, and mount "
+                    f"is not permitted here: {mount.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+def test_a_read_only_compile_cache_is_one_warning_line(tmp_path, read_only_directory):
+    """Before: ~150 `UserWarning: Error writing persistent compilation cache entry`
+    pairs of lines, one per program."""
+    result = train(tmp_path / "run", "--steps", "1", "--compile-cache", read_only_directory)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = cache_lines(result.stderr)
+    assert len(lines) == 1, f"{len(lines)} lines about the cache:\n" + "\n".join(lines[:6])
+    prefix = f"warning: --compile-cache {read_only_directory} is not writable ("
+    assert lines[0].startswith(prefix), lines[0]
+    assert lines[0].endswith("): programs found there are loaded, new ones are compiled and "
+                             "not kept"), lines[0]
+    assert "UserWarning" not in result.stderr
+
+
+def test_a_file_as_compile_cache_names_the_flag(tmp_path):
+    """Before: `error: [Errno 17] File exists: '...'`, naming no flag."""
+    (tmp_path / "FILE").touch()
+    result = train(tmp_path / "run", "--steps", "1", "--compile-cache", tmp_path / "FILE")
+    assert_one_error_line(result, 2, f"error: --compile-cache {tmp_path / 'FILE'} is a file, "
+                                     "not a directory")
+
+
+def test_resuming_on_another_device_count_names_the_device_count(tmp_path):
+    """Before: `error: the training data differ from those of checkpoint 2: ... saved for
+    batch shapes [[42, 48, 32]], these settings give [[43, 48, 32]] ... Was the built-in
+    corpus (its flags) changed?`: the data were the same, the rows were rounded to 3
+    devices. Checkpoints saved before the data position recorded its multiple are
+    recognised too."""
+    workdir = tmp_path / "run"
+    flags = ["--max-tokens", "2064", "--steps", "2"]  # 43 rows of 48 on 1 device, 42 on 3
+    first = train(workdir, *flags, env={**ENV, "JAX_NUM_CPU_DEVICES": "3"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    flags[-1] = "4"
+    one_device = {**ENV, "JAX_NUM_CPU_DEVICES": "1"}
+    assert_one_error_line(
+        train(workdir, *flags, env=one_device), 2,
+        "error: checkpoint 2 was saved by a run on 3 devices: batch rows are rounded down to "
+        "a multiple of the device count, so its batches of 42 rows are not this run's 43 rows "
+        "on 1 device(s), and its data position does not carry over; resume on 3 devices, or "
+        "use a new --workdir")
+    position = workdir / "checkpoints" / "2" / "data" / "metadata"
+    state = json.loads(position.read_text())
+    position.write_text(json.dumps({k: v for k, v in state.items() if k != "batch_multiple"}))
+    assert_one_error_line(
+        train(workdir, *flags, env=one_device), 2,
+        "error: checkpoint 2 was saved by a run on another number of devices: ",
+        "resume on the device count it was saved on, or use a new --workdir")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB filesystem (tmpfs) at tmp_path/disk, which train.py fills part way;
+    `grow()` makes room. Mounting needs root: skipped where mount is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(disk)],
+                           capture_output=True, text=True)
+    if mount.returncode != 0:
+        pytest.skip("a full disk is a small tmpfs, and mounting one needs root (mount "
+                    f"failed: {mount.stderr.strip() or mount.returncode})")
+
+    def grow():
+        subprocess.run(["mount", "-o", "remount,size=64M", str(disk)], check=True)
+
+    try:
+        yield disk, grow
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(small_disk):
+    """Before: 100 to 1,100 lines of stderr and up to 115 tracebacks (orbax's background
+    threads, asyncio's unretrieved tasks, `Event loop is closed`, tensorboardX at exit),
+    the one `error: [Errno 28] No space left on device` line buried among them (or, when
+    tensorstore's RESOURCE_EXHAUSTED came last, no error line and exit 1 by traceback)."""
+    disk, grow = small_disk
+    workdir = disk / "wd"
+    full = train(workdir, "--steps", "10")
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps, f"no checkpoint fitted on the disk: {full.stderr[-2000:]}"
+    assert_one_error_line(
+        full, 1, f"error: the disk is full: no space left on the device holding {workdir}; the "
+                 f"newest complete checkpoint, step {steps[-1]} in {workdir / 'checkpoints'}, "
+                 "is intact: free space, then run the same command to resume from it")
+    assert len(full.stderr.splitlines()) < 15, full.stderr  # the run's own lines, and this one
+    grow()
+    resumed = train(workdir, "--steps", "10")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {steps[-1]} " in resumed.stderr
+    assert not list((workdir / "checkpoints").glob("*tmp*"))  # the unfinished save is gone
+    assert sorted(p.name for p in (workdir / "export").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.model"]
