@@ -28,7 +28,8 @@ from tqdm import tqdm
 from jax_transformer import signals
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
-from jax_transformer.train import compiling, disk_full, evaluation, finetune, interrupts, plots
+from jax_transformer.train import (compiling, disk_full, distributed, evaluation, finetune,
+                                   interrupts, plots)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
@@ -47,36 +48,6 @@ from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
-
-
-# jax.distributed.initialize()'s ValueError when a setting is missing -> (the setting,
-# where JAX looks for it). Outside a cluster JAX detects, it reads only the coordinator's
-# address from the environment.
-CLUSTERS = "a cluster it detects (Cloud TPU, SLURM, Open MPI)"
-MISSING_DISTRIBUTED = {
-    "coordinator_address should be defined": (
-        "coordinator address", f"JAX_COORDINATOR_ADDRESS is not set and this is not {CLUSTERS}"),
-    "Number of processes must be defined": (
-        "number of processes", f"JAX takes it from {CLUSTERS}, and this is not one"),
-    "process id of the current process must be defined": (
-        "process id", f"JAX takes it from {CLUSTERS}, and this is not one"),
-}
-
-
-def initialize_distributed() -> None:
-    """jax.distributed.initialize() with its settings from the environment; a setting it
-    cannot find is a TrainError naming it (JAX's own message names an argument train.py
-    does not have)."""
-    try:
-        jax.distributed.initialize()
-    except ValueError as e:
-        missing = next((found for text, found in MISSING_DISTRIBUTED.items() if text in str(e)),
-                       None)
-        if missing is None:
-            raise
-        what, why = missing
-        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: {why}; "
-                         "on one host, run without --distributed") from None
 
 
 class TrainingRun:
@@ -105,7 +76,7 @@ class TrainingRun:
     def _run(self) -> dict:
         settings = self.settings.train
         if settings.distributed:
-            initialize_distributed()
+            distributed.initialize()
         compiling.use_compilation_cache(settings.compile_cache, warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
