@@ -43,18 +43,25 @@ class UnreadableCheckpoint(CheckpointError):
         self.step = step
 
 
+UNFINISHED_SAVE = ".orbax-checkpoint-tmp"  # in the name of a save orbax has not finished
+
+
 class Checkpointer:
     def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
                  clean_up: bool = False):
         """`clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
-        directories) a killed or failed run left (orbax's primary process does); for
-        the training run, which holds the work directory, never for a reader (port,
-        parity) that may look at a directory a run is writing."""
+        directories) a killed or failed run left, before anything else (the primary
+        process); for the training run, which holds the work directory, never for a
+        reader (port, parity) that may look at a directory a run is writing. Done here,
+        not by orbax's cleanup_tmp_directories, which runs on a thread that close()
+        does not wait for: a run failing early then printed its traceback at exit."""
+        directory = Path(workdir).absolute() / CHECKPOINTS
+        if clean_up and jax.process_index() == 0 and directory.is_dir():
+            for unfinished in directory.glob(f"*{UNFINISHED_SAVE}*"):
+                shutil.rmtree(unfinished, ignore_errors=True)
         self.manager = ocp.CheckpointManager(
-            Path(workdir).absolute() / CHECKPOINTS,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep,
-                                                 enable_async_checkpointing=async_save,
-                                                 cleanup_tmp_directories=clean_up))
+            directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, enable_async_checkpointing=async_save))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

@@ -94,9 +94,11 @@ class TrainingRun:
                 self.export(state)
                 summary = self.evaluate(state, report)
             summary["train_seconds"] = round(train_seconds, 1)
-            self.checkpointer.close()
             return summary
-        finally:
+        finally:  # on an error too: orbax's background work (cleaning up unfinished
+            # saves, saving) must end before the interpreter does, or it prints tracebacks
+            if getattr(self, "checkpointer", None) is not None:
+                self.checkpointer.close()
             if lock is not None:
                 lock.release()
 
