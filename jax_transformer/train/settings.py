@@ -237,9 +237,10 @@ class TrainSettings:
     steps: int = setting(1200, f"optimizer updates in total "
                                f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)")
     time_budget: float | None = setting(
-        None, "stop training after the step in which this many seconds since the start have "
-              "passed (corpus, tokenizer and compiling count), save that step, then export and "
-              "evaluate as usual; a resumed run gets a fresh budget (default: no limit)",
+        None, "dispatch no step once this many seconds since the start have passed (corpus, "
+              "tokenizer and compiling count); the steps in flight (one, at most two) finish "
+              "and the last is saved, then the run exports and evaluates as usual; a resumed "
+              "run gets a fresh budget (default: no limit)",
         metavar="SECONDS")
     warmup: int = setting(400, "warm-up steps: the paper's schedule's, or the linear warm-up "
                                f"to --lr ({FINETUNE_DEFAULTS['warmup']} by default with "

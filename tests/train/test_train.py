@@ -168,14 +168,14 @@ def test_a_time_budget_stops_after_the_step_in_which_it_runs_out_and_saves_it(re
     assert checkpoints.Checkpointer(tmp_path).latest_step() == steps[-1]
     training = json.loads((tmp_path / "eval.json").read_text())["training"]
     assert training["stopped_by"] == "time_budget" and training["steps"] == steps[-1]
-    # Seconds from the run's start to the end of each step. The deadline is checked after
-    # each step's metrics are written: the check after the last but one found time left,
-    # so that step ended before the budget (0.002 s covers the 1 ms rounding of both
-    # numbers); the check after the last found it spent, a moment after that step's end
-    # (its metrics line and TensorBoard scalars written: 0.5 s, however loaded the machine).
-    ends = [training["seconds_before_training"] + r["elapsed"]
-            for r in records(tmp_path) if "loss" in r]
-    assert ends[-2] - 0.002 < budget <= ends[-1] + 0.5
+    # Seconds from the run's start to each step's dispatch (the loop does not wait for a
+    # step before it dispatches the next). The deadline is checked before each dispatch:
+    # the last step was dispatched before the budget ran out (0.002 s covers the 1 ms
+    # rounding of both numbers), and the next check, one step boundary later, found it
+    # spent (a step of this model takes well under 2 s, however loaded the machine).
+    starts = [training["seconds_before_training"] + r["elapsed"]
+              for r in records(tmp_path) if "loss" in r]
+    assert starts[-1] - 0.002 < budget <= starts[-1] + 2.0
 
 
 @pytest.mark.slow
