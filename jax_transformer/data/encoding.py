@@ -1,9 +1,9 @@
 """From text to piece ids: the run's SentencePiece vocabulary, and the corpus encoded.
 
     pairs or lines --train_tokenizer--> Tokenizer (one vocabulary for both sides)
-    pairs --encode_pairs--> src_ids, tgt_ids (int32 piece arrays, no specials)
+    pairs --encode_pairs--> src_ids, tgt_ids (int32 piece arrays, no specials; with our
+                            tokenizer or any checkpoint's, e.g. a converted Marian model's)
     lines --encode_lines--> ids, a language model's (packing.PackedBatches(None, ids))
-    pairs --encode_checkpoint_pairs--> the same, with any checkpoint's tokenizer (Marian's)
 
 Examples longer than max_len tokens are skipped and counted. Needs numpy and
 sentencepiece, not JAX.
@@ -18,7 +18,7 @@ import numpy as np
 
 from jax_transformer.data.corpora import CorpusError, CorpusReport, Pair
 from transformer_core.errors import InputError
-from transformer_core.tokenizer import Tokenizer
+from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer
 
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
@@ -43,7 +43,7 @@ def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | 
     return Tokenizer.train(sentences, model_path, vocab_size=vocab_size, model_type=model_type)
 
 
-def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256,
+def encode_pairs(tokenizer: CheckpointTokenizer, pairs: Sequence[Pair], max_len: int = 256,
                  name: str | None = None,
                  ) -> tuple[list[np.ndarray], list[np.ndarray], CorpusReport]:
     """Encode pairs into piece ids, dropping those that do not fit `max_len` tokens.
@@ -52,14 +52,20 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Pair], max_len: int = 256
     batches add eos/bos) and a report of how many pairs were dropped because a
     side needs more than `max_len` positions with its eos/bos (the report's
     "line" is the pair's 1-based position in `pairs`). When none fits, the
-    CorpusError names the pairs as `name` ("the test split").
+    CorpusError names the pairs as `name` ("the test split"). Our tokenizer
+    encodes ENCODE_CHUNK texts a call; any other checkpoint tokenizer (a converted
+    Marian model's, --init-from) one pair at a time: `encode_source` less its final
+    eos, and `encode_target`.
     """
     if not pairs:
         raise CorpusError("encode_pairs got no pairs")
     report = CorpusReport(f"tokenized (max_len {max_len})")
     src_ids, tgt_ids = [], []
-    encoded = zip(_encode(tokenizer, [src for src, _ in pairs]),
-                  _encode(tokenizer, [tgt for _, tgt in pairs]))
+    if isinstance(tokenizer, Tokenizer):
+        encoded = zip(_encode(tokenizer, [src for src, _ in pairs]),
+                      _encode(tokenizer, [tgt for _, tgt in pairs]))
+    else:
+        encoded = _encode_one_by_one(tokenizer, pairs)
     for number, (src, tgt) in enumerate(encoded, start=1):
         if max(len(src), len(tgt)) + 1 > max_len:
             report.skip(TOO_MANY_TOKENS, number)
@@ -106,32 +112,14 @@ def _encode(tokenizer: Tokenizer, texts: Sequence[str]) -> Iterator[list[int]]:
         yield from tokenizer.sp.encode(list(texts[start:start + ENCODE_CHUNK]))
 
 
-def encode_checkpoint_pairs(tokenizer, pairs: Sequence[Pair], max_len: int = 256,
-                            name: str | None = None,
-                            ) -> tuple[list[np.ndarray], list[np.ndarray], CorpusReport]:
-    """`encode_pairs` for any checkpoint tokenizer (transformer_core.tokenizer's
-    CheckpointTokenizer: a converted model's Marian tokenizer, say): source ids are
-    `encode_source` less its final eos, target ids `encode_target`, as the batches
-    add eos (and the decoder's start id) themselves. One text at a time."""
-    if not pairs:
-        raise CorpusError("encode_checkpoint_pairs got no pairs")
-    report = CorpusReport(f"tokenized (max_len {max_len})")
-    src_ids, tgt_ids = [], []
+def _encode_one_by_one(tokenizer: CheckpointTokenizer,
+                       pairs: Sequence[Pair]) -> Iterator[tuple[list[int], list[int]]]:
+    """Each pair's (source pieces, target pieces) from a checkpoint's tokenizer."""
     for number, (src, tgt) in enumerate(pairs, start=1):
         try:
-            src, tgt = tokenizer.encode_source(src)[:-1], tokenizer.encode_target(tgt)
+            yield tokenizer.encode_source(src)[:-1], tokenizer.encode_target(tgt)
         except InputError as e:  # e.g. a language code the vocabulary lacks
             raise CorpusError(f"pair {number} {e}") from None
-        if max(len(src), len(tgt)) + 1 > max_len:
-            report.skip(TOO_MANY_TOKENS, number)
-            continue
-        src_ids.append(np.asarray(src, dtype=np.int32))
-        tgt_ids.append(np.asarray(tgt, dtype=np.int32))
-    report.kept = len(src_ids)
-    if not src_ids:
-        raise CorpusError(f"every pair{_of(name, pairs)} is longer than max_len {max_len} "
-                          "tokens with its eos or bos")
-    return src_ids, tgt_ids, report
 
 
 def count_many_unknown(sides: Sequence[Sequence[np.ndarray] | None], unk_ids: Sequence[int],

@@ -13,7 +13,7 @@ import numpy as np
 
 from jax_transformer import translator
 from jax_transformer.data import corpora
-from jax_transformer.data.encoding import encode_checkpoint_pairs, encode_pairs
+from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
@@ -52,12 +52,9 @@ class TranslationTask:
 
 
     def encode(self, tokenizer: Tokenizer, pairs, max_len: int, name: str | None = None):
-        """(src_ids, tgt_ids, report): encoding.encode_pairs, or with a checkpoint's other
-        tokenizer (--init-from a converted Marian model) encode_checkpoint_pairs."""
-        if not isinstance(tokenizer, Tokenizer):
-            return encode_checkpoint_pairs(tokenizer, pairs, max_len=max_len, name=name)
+        """(src_ids, tgt_ids, report): encoding.encode_pairs, with the run's tokenizer or a
+        checkpoint's (--init-from)."""
         return encode_pairs(tokenizer, pairs, max_len=max_len, name=name)
-
 
     def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,
                       log: Callable[[str], None]) -> dict:
