@@ -31,7 +31,7 @@ class StepMetrics(NamedTuple):
     grad_norm: float
     tokens: int
     tokens_per_s: float  # over the steps read together
-    elapsed: float  # seconds from the loop's start to the step's dispatch
+    elapsed: float  # seconds from the loop's start to the step's start (before its dispatch)
 
 
 class LateMetrics:
@@ -39,11 +39,12 @@ class LateMetrics:
 
     def __init__(self, log_every: int, started: float):
         self.log_every, self.started = log_every, started
-        self.pending = []  # (step, device metrics, tokens, seconds at dispatch)
+        self.pending = []  # (step, device metrics, tokens, seconds at its start)
         self.last_read = started  # time.time() of the last read
 
-    def add(self, step: int, metrics: dict, tokens: int) -> None:
-        self.pending.append((step, metrics, tokens, time.time() - self.started))
+    def add(self, step: int, metrics: dict, tokens: int, began: float) -> None:
+        """Step `step`'s device metrics; `began`: the time.time() the loop started it."""
+        self.pending.append((step, metrics, tokens, began - self.started))
 
     def due(self) -> bool:
         """Whether --log-every steps wait behind the newest one."""

@@ -218,11 +218,12 @@ class TrainingRun:
                 return read[-1].loss if read else None
 
             while step < settings.steps and not stops.agreed():
+                began = time.time()  # the budget had time left: this step starts
                 update = next(updates)
                 state, metrics = self.step(state, update.micro_batches)
                 step, data_state = step + 1, update.data_state
                 real_tokens += update.tokens
-                late.add(step, metrics, update.tokens)
+                late.add(step, metrics, update.tokens, began)
                 evaluate = step % settings.eval_every == 0 or step == settings.steps
                 save = step % settings.checkpoint_every == 0 or step == settings.steps
                 if late.due() or evaluate or save:

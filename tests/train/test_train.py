@@ -168,11 +168,11 @@ def test_a_time_budget_stops_after_the_step_in_which_it_runs_out_and_saves_it(re
     assert checkpoints.Checkpointer(tmp_path).latest_step() == steps[-1]
     training = json.loads((tmp_path / "eval.json").read_text())["training"]
     assert training["stopped_by"] == "time_budget" and training["steps"] == steps[-1]
-    # Seconds from the run's start to each step's dispatch (the loop does not wait for a
-    # step before it dispatches the next). The deadline is checked before each dispatch:
-    # the last step was dispatched before the budget ran out (0.002 s covers the 1 ms
-    # rounding of both numbers), and the next check, one step boundary later, found it
-    # spent (a step of this model takes well under 2 s, however loaded the machine).
+    # Seconds from the run's start to each step's start (the loop does not wait for a
+    # step before it starts the next). The deadline is checked before each step starts:
+    # the last step started before the budget ran out (0.002 s covers the 1 ms rounding
+    # of both numbers), and the next check, one step boundary later, found it spent (a
+    # step of this model takes well under 2 s, however loaded the machine).
     starts = [training["seconds_before_training"] + r["elapsed"]
               for r in records(tmp_path) if "loss" in r]
     assert starts[-1] - 0.002 < budget <= starts[-1] + 2.0
