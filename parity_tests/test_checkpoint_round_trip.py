@@ -3,7 +3,6 @@ and the in-memory conversion, bit for bit."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import safetensors.numpy
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,14 +21,12 @@ from flax import nnx
 
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
-from jax_transformer import translator
 from jax_transformer.data import corpora
 from jax_transformer.train import checkpoints
 from transformer_core import checkpoint_dir
 from jax_transformer.data.packing import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
-from transformer_core.tokenizer import Tokenizer
 from transformer_core.errors import RunFailed
 from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
@@ -37,7 +34,6 @@ from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics
 from jax_transformer.train.run import TrainingRun
 from jax_transformer.train.workdir import check_run_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
-from torch_reference import Transformer as TorchTransformer
 
 
 def recorded(workdir, *extra):
