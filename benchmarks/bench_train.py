@@ -7,9 +7,9 @@
     python benchmarks/bench_train.py --frameworks jax jax_autodiff_grads torch_eager
                                       # also JAX with the plain Linear kernel (autodiff's
                                       # backward), the baseline for kernels/linear.py
-    python benchmarks/bench_train.py --frameworks jax jax_rbg_dropout
-                                      # also JAX with dropout masks from XLA's
-                                      # RngBitGenerator (kernels/dropout.py)
+    python benchmarks/bench_train.py --frameworks jax_threefry_dropout jax_hash_dropout
+                                      # JAX with each dropout-mask generator
+                                      # (kernels/dropout.py; jax: the backend's default)
 
 Results go to benchmarks/results/train.json, or train_gpu.json when JAX runs on
 a GPU, with the markdown page beside it (train.md, train_gpu.md; --render-only
@@ -115,9 +115,9 @@ def parse_args(argv=None):
     p.add_argument("--frameworks", nargs="+", default=["jax", "torch_eager", "torch_compile"],
                    choices=train_steps.FRAMEWORKS,
                    help="jax_autodiff_grads: JAX with autodiff's own Linear backward (the "
-                        "baseline for jax_transformer/kernels/linear.py); jax_rbg_dropout: "
-                        "JAX with dropout masks from XLA's RngBitGenerator "
-                        "(jax_transformer/kernels/dropout.py)")
+                        "baseline for jax_transformer/kernels/linear.py); jax_threefry_dropout, "
+                        "jax_hash_dropout: JAX with dropout masks from threefry or the "
+                        "counter hash (jax_transformer/kernels/dropout.py)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per framework")
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed rounds (one step per framework) after the first steps")

@@ -13,7 +13,8 @@ from benchmarks.runner import cpu_name, jax_peak_device_mib, timed
 JAX_VARIANTS = {
     "jax": {},
     "jax_autodiff_grads": {"linear": "plain"},  # autodiff's Linear backward (kernels/linear.py)
-    "jax_rbg_dropout": {"dropout_mask": "tuned"},  # masks from XLA's RngBitGenerator
+    "jax_threefry_dropout": {"dropout_mask": "plain"},  # nnx's threefry masks
+    "jax_hash_dropout": {"dropout_mask": "tuned"},  # masks from a counter hash
 }
 FRAMEWORKS = [*JAX_VARIANTS, "torch_eager", "torch_compile"]
 

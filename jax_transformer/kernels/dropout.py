@@ -7,15 +7,16 @@
 the key the layer takes from its nnx stream, so the same key gives the same mask
 and a resumed run draws the masks it would have drawn:
 - plain, `keep_mask_threefry`: nnx.Dropout's own draw (bernoulli with the
-  stream's threefry key), the default on every backend.
-- tuned, `keep_mask_rbg`: XLA's RngBitGenerator (its default algorithm; Philox
-  on XLA:CPU) seeded with 128 bits of that key. Other masks from the same
-  distribution: its bits may change with the backend or the XLA version (JAX
-  documents rbg so), not from one step or one run to the next. Off by default
-  (switch.py): on XLA:CPU a training step was no faster with it
-  (docs/performance.md); on GPU, where threefry is hashed unrolled per element, it is
-  the candidate to measure (`benchmarks/bench_train.py --frameworks jax
-  jax_rbg_dropout`).
+  stream's threefry key), the default on GPU and TPU.
+- tuned, `keep_mask_hash`: a counter hash. Each element's flat index is mixed
+  with 64 bits drawn from that key by two rounds of murmur3's finaliser and
+  compared with a threshold: P(keep) = keep_prob to 2^-32. It is element-wise,
+  so XLA fuses it into the mask's consumers and no random bits are written to
+  memory (threefry's are, on XLA:CPU). Other masks from the same distribution;
+  the default on XLA:CPU, where it made the race's training step 20% faster
+  (docs/performance.md). On GPU and TPU it is unmeasured, and off
+  (switch.py); `benchmarks/bench_train.py --frameworks jax jax_hash_dropout`
+  measures it there.
 
 `Dropout` is nnx.Dropout with its mask from `draw_keep_mask`; `keep_mask` gives
 that mask, for layers that apply it themselves. With the plain generator its
@@ -52,13 +53,30 @@ def keep_mask_threefry(key, keep_prob: float, shape, sharding=None):
     return jax.random.bernoulli(key, p=keep_prob, shape=shape, out_sharding=sharding)
 
 
-def keep_mask_rbg(key, keep_prob: float, shape, sharding=None):
-    """bernoulli with an rbg key (XLA's RngBitGenerator) made of 128 bits of `key`."""
-    rbg_key = jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl="rbg")
-    return jax.random.bernoulli(rbg_key, p=keep_prob, shape=shape, out_sharding=sharding)
+def _mix(h):
+    """murmur3's 32-bit finaliser: a bijection of uint32 in which every input bit
+    flips every output bit with probability ~1/2."""
+    h = (h ^ (h >> 16)) * jnp.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
 
 
-draw_keep_mask = switch.kernel("dropout_mask", plain=keep_mask_threefry, tuned=keep_mask_rbg)
+def keep_mask_hash(key, keep_prob: float, shape, sharding=None):
+    """bernoulli from a counter hash: each element's flat index, mixed with 64 bits
+    drawn from `key`, compared with keep_prob's threshold."""
+    if keep_prob <= 0.0:
+        return jnp.zeros(shape, jnp.bool_)
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    index, stride = jnp.zeros((), jnp.uint32), 1  # the flat (row-major) index, as uint32
+    for axis in reversed(range(len(shape))):
+        iota = jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding)
+        index, stride = index + iota * jnp.uint32(stride % 2 ** 32), stride * shape[axis]
+    bits = _mix(_mix(index * jnp.uint32(0x9E3779B9) + seed[0]) ^ seed[1])
+    dropped = min(round((1.0 - keep_prob) * 2 ** 32), 2 ** 32 - 1)  # P(bits < dropped)
+    return bits >= jnp.uint32(dropped)
+
+
+draw_keep_mask = switch.kernel("dropout_mask", plain=keep_mask_threefry, tuned=keep_mask_hash)
 
 
 class Dropout(nnx.Dropout):

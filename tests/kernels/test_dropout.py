@@ -1,6 +1,7 @@
 """jax_transformer/kernels/dropout.py: the same masks as nnx.Dropout, and relu_dropout's values
-and gradients equal to autodiff's through relu then nnx.Dropout, bit for bit; the rbg
-generator's masks: a function of the key, at the keep rate, applied as plain dropout."""
+and gradients equal to autodiff's through relu then nnx.Dropout, bit for bit; the counter
+hash's masks: a function of the key, at the keep rate, neighbours independent, applied as
+plain dropout."""
 
 import re
 
@@ -11,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jax_transformer import kernels
-from jax_transformer.kernels.dropout import (Dropout, activation_dropout_fused, keep_mask_rbg,
+from jax_transformer.kernels.dropout import (Dropout, activation_dropout_fused, keep_mask_hash,
                                              relu_dropout)
 
 
@@ -21,6 +22,7 @@ def _inputs(shape=(6, 40), seed=0):
     return jnp.asarray(h)
 
 
+@kernels.override(dropout_mask="plain")
 def test_keep_mask_is_the_mask_nnx_dropout_applies():
     h = jnp.ones((8, 64))
     ours, reference = Dropout(0.3, rngs=nnx.Rngs(7)), nnx.Dropout(0.3, rngs=nnx.Rngs(7))
@@ -55,6 +57,7 @@ def test_keep_mask_is_none_when_dropout_is_off():
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
+@kernels.override(dropout_mask="plain")
 def test_relu_dropout_equals_autodiff_of_relu_then_nnx_dropout(rate):
     h, cotangent = _inputs(), _inputs(seed=1)
 
@@ -81,6 +84,7 @@ def _random_bit_draws(f, *args) -> int:
 
 @pytest.mark.jax_pinned  # counts what XLA:CPU compiles: re-check on a JAX upgrade
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's lowering of threefry")
+@kernels.override(dropout_mask="plain")
 def test_relu_dropout_backward_draws_no_random_bits():
     """The custom backward reads only the output: the mask is drawn once, in the
     forward pass, as autodiff's gradient draws it."""
@@ -96,32 +100,53 @@ def test_relu_dropout_backward_draws_no_random_bits():
     assert _random_bit_draws(autodiff, h) == _random_bit_draws(fused, h) == 1
 
 
-# ----------------------------------------------------------------------------- rbg masks
+# ----------------------------------------------------------------------------- hash masks
 
 SHAPE = (64, 32, 48)  # 98,304 draws
 
 
-def test_rbg_mask_is_a_function_of_the_key():
+def test_hash_mask_is_a_function_of_the_key():
     """The same key gives the same mask, compiled or not (a resumed run redraws its
     masks); other keys give other masks."""
     key = jax.random.key(11)
-    mask = keep_mask_rbg(key, 0.9, SHAPE)
-    np.testing.assert_array_equal(keep_mask_rbg(key, 0.9, SHAPE), mask)
+    mask = keep_mask_hash(key, 0.9, SHAPE)
+    np.testing.assert_array_equal(keep_mask_hash(key, 0.9, SHAPE), mask)
     np.testing.assert_array_equal(
-        jax.jit(keep_mask_rbg, static_argnums=(1, 2))(key, 0.9, SHAPE), mask)
+        jax.jit(keep_mask_hash, static_argnums=(1, 2))(key, 0.9, SHAPE), mask)
     for other in (jax.random.key(12), jax.random.fold_in(key, 1)):
-        assert np.mean(keep_mask_rbg(other, 0.9, SHAPE) != mask) > 0.1  # 2p(1-p) = 0.18
+        assert np.mean(keep_mask_hash(other, 0.9, SHAPE) != mask) > 0.1  # 2p(1-p) = 0.18
 
 
 @pytest.mark.parametrize("keep_prob", [0.9, 0.5, 0.1])
-def test_rbg_keep_rate_is_within_binomial_bounds(keep_prob):
+def test_hash_keep_rate_is_within_binomial_bounds(keep_prob):
     n = np.prod(SHAPE)
     for seed in range(3):
-        kept = int(keep_mask_rbg(jax.random.key(seed), keep_prob, SHAPE).sum())
+        kept = int(keep_mask_hash(jax.random.key(seed), keep_prob, SHAPE).sum())
         assert abs(kept - n * keep_prob) < 5 * np.sqrt(n * keep_prob * (1 - keep_prob)), kept
 
 
-def test_rbg_dropout_scales_kept_inputs_and_its_gradient_is_the_mask_over_keep_prob():
+def test_hash_mask_keeps_nothing_at_keep_probability_zero_and_everything_at_one():
+    key = jax.random.key(0)
+    assert not keep_mask_hash(key, 0.0, SHAPE).any()
+    assert keep_mask_hash(key, 1.0, SHAPE).all()
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_hash_mask_neighbours_are_independent(axis):
+    """Two neighbours along any axis are both dropped with probability p^2: the hash of
+    consecutive counters is not correlated (a weak mix, e.g. the index times a constant
+    alone, fails this along the last axis)."""
+    p = 0.5
+    for seed in range(3):
+        dropped = ~np.asarray(keep_mask_hash(jax.random.key(seed), 1 - p, SHAPE))
+        first = np.take(dropped, range(SHAPE[axis] - 1), axis=axis)
+        second = np.take(dropped, range(1, SHAPE[axis]), axis=axis)
+        n = first.size
+        both = int((first & second).sum())
+        assert abs(both - n * p * p) < 5 * np.sqrt(n * p * p * (1 - p * p)), (axis, both / n)
+
+
+def test_hash_dropout_scales_kept_inputs_and_its_gradient_is_the_mask_over_keep_prob():
     rate = 0.25
     with jax.enable_x64(True), kernels.override(dropout_mask="tuned"):
         x = jax.random.normal(jax.random.key(0), (16, 40), jnp.float64) + 3.0  # no zeros
@@ -129,14 +154,14 @@ def test_rbg_dropout_scales_kept_inputs_and_its_gradient_is_the_mask_over_keep_p
         keep = Dropout(rate, rngs=nnx.Rngs(3)).keep_mask(x)
         y, vjp = jax.vjp(lambda x: Dropout(rate, rngs=nnx.Rngs(3))(x), x)
         layer_key = Dropout(rate, rngs=nnx.Rngs(3)).rngs()  # the key the layer draws
-        np.testing.assert_array_equal(keep, keep_mask_rbg(layer_key, 1 - rate, x.shape))
+        np.testing.assert_array_equal(keep, keep_mask_hash(layer_key, 1 - rate, x.shape))
         np.testing.assert_allclose(y, np.where(keep, x / (1 - rate), 0.0), rtol=1e-15)
         np.testing.assert_allclose(vjp(cotangent)[0],
                                    np.where(keep, cotangent / (1 - rate), 0.0), rtol=1e-15)
     assert 0 < keep.mean() < 1
 
 
-def test_relu_dropout_with_an_rbg_mask_has_the_plain_gradient():
+def test_relu_dropout_with_a_hash_mask_has_the_plain_gradient():
     rate = 0.25
     with jax.enable_x64(True), kernels.override(dropout_mask="tuned"):
         h = _inputs((16, 40)).astype(jnp.float64)
@@ -153,7 +178,7 @@ def test_relu_dropout_with_an_rbg_mask_has_the_plain_gradient():
 
 
 @pytest.mark.slow  # compiles three training steps
-def test_training_with_rbg_masks_is_deterministic():
+def test_training_with_hash_masks_is_deterministic():
     """Two trainers built alike (each compiles its own step, as a resumed run does)
     take the same steps; the threefry masks give another run."""
     from jax_transformer.model import Transformer
@@ -178,6 +203,6 @@ def test_training_with_rbg_masks_is_deterministic():
                 out.append(float(metrics["loss"]))
         return out
 
-    rbg = losses("tuned")
-    assert losses("tuned") == rbg
-    assert losses("plain") != rbg
+    hashed = losses("tuned")
+    assert losses("tuned") == hashed
+    assert losses("plain") != hashed
