@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_transformer.data.packing import bucket_lengths, padded_length
+from jax_transformer.data.packing import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
@@ -83,13 +83,24 @@ def source_ids(tokenizer: CheckpointTokenizer, text: str, line: int) -> list[int
         raise TranslateError(f"line {line} {e}") from None
 
 
+SOURCE_WIDTHS = 4  # the source widths a translation pads its batches to, at most
+
+
+def source_widths(max_len: int) -> list[int]:
+    """The widths batches of sources are padded to: `max_len` halved up to three times,
+    at least 8 (128 -> 16, 32, 64, 128). Each search compiles once per width, so
+    decoding a file of any length mix compiles at most SOURCE_WIDTHS programs."""
+    return sorted({max(max_len >> halvings, min(8, max_len))
+                   for halvings in range(SOURCE_WIDTHS)})
+
+
 def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
                     alpha=0.6, max_len=None, batch_size=32, progress=None,
                     length_penalty_style="gnmt") -> list[str]:
     """One translation per line, in order; a blank line gives a blank translation without
-    running the model. Sentences are sorted by length into batches and padded to the
-    training buckets' lengths (jax_transformer.data.packing), so JAX compiles once per
-    length bucket, not once per batch. `length_penalty_style` "hf" is transformers' beam
+    running the model. Sentences are sorted by length into batches and padded to one of
+    `source_widths(max_len)`, so JAX compiles each search at most SOURCE_WIDTHS times
+    whatever the lengths, not once per batch. `length_penalty_style` "hf" is transformers' beam
     search (length_penalty = alpha)."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
@@ -110,12 +121,12 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="
             ids = ids[: config.max_len - 1] + [config.eos_id]
         sources[i] = ids
     order = sorted(sources, key=lambda i: len(sources[i]))
-    buckets = bucket_lengths(config.max_len)
+    widths = source_widths(config.max_len)
     translations = [""] * len(lines)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in (progress(batches) if progress else batches):
-        width = padded_length(max(len(sources[i]) for i in batch), buckets)
-        # Fixed shapes for jit: every batch is (batch_size, bucket); filler rows are [eos].
+        width = padded_length(max(len(sources[i]) for i in batch), widths)
+        # Fixed shapes for jit: every batch is (batch_size, width); filler rows are [eos].
         src = np.full((batch_size if framework == "jax" else len(batch), width), config.pad_id,
                       np.int32)
         src[:, 0] = config.eos_id

@@ -161,6 +161,26 @@ def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, endi
     assert output.read_text(encoding="utf-8").split("\n") == [*expected, ""]
 
 
+def test_source_widths_are_few_and_hold_max_len():
+    assert translator.source_widths(128) == [16, 32, 64, 128]
+    assert translator.source_widths(100) == [12, 25, 50, 100]
+    assert translator.source_widths(16) == [8, 16]
+    assert translator.source_widths(5) == [5]
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_file_of_every_length_compiles_a_few_programs(jax_checkpoint, beam):
+    """Sources of every length up to max_len (32: widths 8, 16, 32) in batches of 2:
+    each search compiles once per width, not once per batch or length."""
+    from jax_transformer import decoding
+    model, tokenizer = translator.load(jax_checkpoint, "jax")
+    lines = [" ".join(["the"] * n) for n in range(1, 31)]
+    search = decoding._pick_jit if beam == 1 else decoding._beam_jit
+    before = search._cache_size()
+    translator.translate_lines(lines, model, tokenizer, beam=beam, batch_size=2)
+    assert search._cache_size() - before == len(translator.source_widths(32)) == 3
+
+
 def test_blank_lines_stay_blank_and_are_not_translated(torch_checkpoint):
     model, tokenizer = translator.load(torch_checkpoint, "torch")
     batches = []
