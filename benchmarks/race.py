@@ -50,6 +50,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,8 @@ def run_ours(args, workdir: Path) -> dict:
     training = results["training"]
     offset = training["seconds_before_training"]  # the loop's `elapsed` counts from here
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    bare = bare_step(command[2:], workdir, env)
+    steady = steady_rate(records, args.eval_every)
     step_ends = {r["step"]: offset + r["elapsed"] for r in records if "loss" in r}
     dev_curve = [{"step": r["step"], "seconds": round(step_ends[r["step"]], 2),
                   "dev_loss": r["dev_loss"]} for r in records if "dev_loss" in r]
@@ -151,6 +154,8 @@ def run_ours(args, workdir: Path) -> dict:
             "first_step_seconds": round(step_ends[1], 2) if 1 in step_ends else None,
             "training_seconds": round(max(step_ends.values(), default=offset), 2),
             "compile_seconds": training["compile_ahead_seconds"],
+            "steady_tgt_tokens_per_s": steady, "bare_step": bare,
+            "host_seconds_per_step": training["host_seconds_per_step"],
             "programs_compiled": training["compiled"]["programs"],
             "compile_cache_hits": training["compiled"]["cache_hits"],
             "bleu": results["test"]["bleu"], "chrf": results["test"]["chrf"],
@@ -158,6 +163,29 @@ def run_ours(args, workdir: Path) -> dict:
             "peak_memory_bytes": (training["peak_device_memory_bytes"] if args.device == "cuda"
                                   else runner.peak_rss_bytes(resource.RUSAGE_CHILDREN)),
             "wall_seconds": round(wall, 1), "log": str(log_path)}
+
+
+def steady_rate(records: list[dict], eval_every: int) -> float | None:
+    """train.py's steady-state real target tokens/s: the median over the second half of
+    the steps of a step's tokens over the time to the next step's start, leaving out
+    the steps an evaluation follows."""
+    starts = {r["step"]: (r["elapsed"], r["tokens"]) for r in records if "loss" in r}
+    rates = [tokens / (starts[step + 1][0] - began)
+             for step, (began, tokens) in sorted(starts.items())
+             if step + 1 in starts and step % eval_every and starts[step + 1][0] > began]
+    return round(statistics.median(rates[len(rates) // 2:]), 1) if rates else None
+
+
+def bare_step(train_flags: list[str], workdir: Path, env: dict) -> dict:
+    """benchmarks/bare_step.py on the finished run: the step alone, on its batches."""
+    log_path = workdir / "bare_step.log"
+    with open(log_path, "w") as log:
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bare_step.py"),
+                                 "--", *train_flags], stdout=subprocess.PIPE, stderr=log,
+                                text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"error: bare_step.py exited with {result.returncode}; see {log_path}")
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 # ----------------------------------------------------------------------------- report
@@ -176,6 +204,18 @@ def describe(result: dict) -> Report:
                  f"{row['training_seconds']:.1f}", f"{row['wall_seconds']:.1f}",
                  row["programs_compiled"], row["compile_cache_hits"],
                  len(row["dev_curve"])] for row in sides]
+    def figure(value, form):
+        return "-" if value is None else format(value, form)
+
+    steps = [[row["what"], figure(row.get("steady_tgt_tokens_per_s"), ",.0f"),
+              figure(row.get("bare_step", {}).get("tgt_tokens_per_s"), ",.0f"),
+              figure(row["steady_tgt_tokens_per_s"] / row["bare_step"]["tgt_tokens_per_s"]
+                     if row.get("bare_step") and row.get("steady_tgt_tokens_per_s") else None,
+                     ".1%"),
+              figure(row.get("host_seconds_per_step"), ".4f"),
+              figure(row.get("bare_step", {}).get("mfu"), ".1%"),
+              figure(row["bare_step"]["matmul_peak_flops_per_s"] / 1e9
+                     if row.get("bare_step") else None, ",.0f")] for row in sides]
     tokenizers = {True: "byte-identical", False: "different",
                   None: "not compared (one side ran)"}[result["same_tokenizer"]]
     return Report(
@@ -184,13 +224,22 @@ def describe(result: dict) -> Report:
         notes=[f"Each side trained for {result['time_budget']:g} s of wall time from its "
                f"start, then greedy-decoded the test set. The two sides' SentencePiece "
                f"models: {tokenizers}. Memory: {result['memory']}. The dev loss against "
-               "wall time is plotted in the .png of the same name."],
+               "wall time is plotted in the .png of the same name.",
+               "Steady state: the median rate over the second half of the steps, evaluations "
+               "left out. The bare step (benchmarks/bare_step.py, after the race): the "
+               "compiled step alone on the run's first batches, each waited for; its MFU "
+               "counts matmul FLOPs against a matmul peak measured just before and after it. "
+               "Host s per step: train.py's loop taking a prefetched batch and dispatching "
+               "the step (median)."],
         tables=[Table(("side", "steps", "real target tokens/s", "first step (s)",
                        "compile (s)", "BLEU", "chrF", "dev loss", memory), headline,
                       align="lrrrrrrrr"),
                 Table(("side", "stopped by", "real target tokens per step", "training (s)",
                        "wall (s)", "programs compiled", "compile cache hits",
-                       "dev losses on the way"), training, align="llrrrrrr")],
+                       "dev losses on the way"), training, align="llrrrrrr"),
+                Table(("side", "steady-state real target tokens/s", "bare step's (same batches)",
+                       "steady / bare", "host s per step", "bare step's MFU",
+                       "matmul peak (GFLOP/s)"), steps, align="lrrrrrr")],
         settings={k: v for k, v in result["settings"].items()
                   if k not in ("out", "render_only")},
         device=f"{result['device_name']} (--device {result['device']}).",

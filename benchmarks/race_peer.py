@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -157,9 +158,11 @@ def train_until(deadline: float, started: float, model, batches, dev_batches, ar
     optimizer, scheduler = paper_adam(model, args, fused=device.type == "cuda")
     rng = np.random.default_rng(0)
     step, trained_tokens, first_step_seconds, dev_curve = 0, 0, None, []
+    step_rates = []  # real target tokens/s of each step
     loop_started = time.monotonic()
     while time.monotonic() < deadline:
         for index in rng.permutation(len(batches)):  # an epoch in shuffled batch order
+            step_started = time.monotonic()
             tokens = real_tokens(batches[index][1])  # counted on the CPU: no sync
             inputs, labels = to_device(batches[index], device)
             with autocast():
@@ -170,6 +173,7 @@ def train_until(deadline: float, started: float, model, batches, dev_batches, ar
             optimizer.zero_grad(set_to_none=True)
             loss_sum.item()  # waits for the step, as train.py does to log its loss
             step, trained_tokens = step + 1, trained_tokens + tokens
+            step_rates.append(tokens / (time.monotonic() - step_started))
             first_step_seconds = first_step_seconds or time.monotonic() - started
             if step % args.eval_every == 0:
                 dev_curve.append({"step": step,
@@ -179,6 +183,8 @@ def train_until(deadline: float, started: float, model, batches, dev_batches, ar
                 break
     ended = time.monotonic()
     return {"steps": step, "trained_tokens": trained_tokens,
+            "steady_tgt_tokens_per_s": round(statistics.median(step_rates[len(step_rates) // 2:]),
+                                             1) if step_rates else None,
             "first_step_seconds": first_step_seconds, "dev_curve": dev_curve,
             "loop_seconds": ended - loop_started, "ended": ended}
 
@@ -227,6 +233,7 @@ def run_peer(args, workdir: Path) -> dict:
                                    else None),
             "training_seconds": round(trained["ended"] - started, 2),
             "compile_seconds": 0.0, "programs_compiled": 0, "compile_cache_hits": 0,
+            "steady_tgt_tokens_per_s": trained["steady_tgt_tokens_per_s"],
             "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
             "dev_loss": dev_loss, "dev_curve": trained["dev_curve"],

@@ -134,7 +134,8 @@ def race_side(what, steps, bleu, programs) -> dict:
             "first_step_seconds": 20.03, "training_seconds": 60.77, "compile_seconds": 13.94,
             "programs_compiled": programs, "compile_cache_hits": 2, "bleu": bleu, "chrf": 51.26,
             "dev_loss": 2.3456, "dev_curve": [{"step": 5, "seconds": 1.0, "dev_loss": 3.0}],
-            "peak_memory_bytes": 3 * 2 ** 30, "wall_seconds": 94.12}
+            "peak_memory_bytes": 3 * 2 ** 30, "wall_seconds": 94.12,
+            "steady_tgt_tokens_per_s": 4321.0}
 
 
 def race_result() -> dict:
@@ -142,7 +143,10 @@ def race_result() -> dict:
             "versions": {"jax": "0.10.2", "torch": "2.13.0", "transformers": "5.23.0"},
             "settings": {"d_model": 512, "sides": ["ours", "peer"], "compile_cache": None},
             "same_tokenizer": True, "memory": "allocator peak bytes in use during training",
-            "sides": {"ours": race_side("train.py (jax_transformer)", 1234, 31.84, 7),
+            "sides": {"ours": {**race_side("train.py (jax_transformer)", 1234, 31.84, 7),
+                               "host_seconds_per_step": 0.0123,
+                               "bare_step": {"tgt_tokens_per_s": 4400.0, "mfu": 0.4567,
+                                             "matmul_peak_flops_per_s": 191.4e9}},
                       "peer": race_side("Hugging Face MarianMTModel", 4838, 32.61, 0)}}
 
 
@@ -168,7 +172,8 @@ PAGES = {
         "train.py (jax_transformer)", "Hugging Face MarianMTModel", "1,234", "4,838", "3,814",
         "20.0", "13.9", "31.8", "32.6", "51.3", "2.346", "3.00", "peak device memory (GiB)",
         "time_budget", "4,048", "60.8", "94.1", "7", "2", "1", "sides", "ours peer",
-        "compile_cache", "-", "transformers", "5.23.0"), (
+        "compile_cache", "-", "transformers", "5.23.0", "4,321", "4,400", "98.2%", "0.0123",
+        "45.7%", "191"), (
         "600 s of wall time", "byte-identical", "allocator peak bytes",
         "NVIDIA H100 80GB HBM3 (--device cuda)")),
 }
@@ -296,6 +301,9 @@ def test_race_smoke(tmp_path):
         assert 0 <= side["bleu"] <= 100 and 0 <= side["chrf"] <= 100
         assert [point["step"] for point in side["dev_curve"]] == list(
             range(5, side["steps"] + 1, 5))
+    ours = result["sides"]["ours"]
+    assert ours["steady_tgt_tokens_per_s"] > 0 and ours["host_seconds_per_step"] > 0
+    assert ours["bare_step"]["tgt_tokens_per_s"] > 0 and 0 < ours["bare_step"]["mfu"] < 1
     assert out.with_suffix(".png").stat().st_size > 0
     page = out.with_suffix(".md").read_text()
     for side in result["sides"].values():

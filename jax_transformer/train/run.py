@@ -192,6 +192,7 @@ class TrainingRun:
                     else None)
         last_saved = start_step if self.resuming else None
         late = LateMetrics(settings.log_every, started)
+        host_seconds = []  # per step: taking its prefetched batch and dispatching it
         progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                         disable=settings.quiet or not self.primary, dynamic_ncols=True)
         with interrupts.deferred_stops(deadline) as stops, progress, \
@@ -224,6 +225,7 @@ class TrainingRun:
                 step, data_state = step + 1, update.data_state
                 real_tokens += update.tokens
                 late.add(step, metrics, update.tokens, began)
+                host_seconds.append(time.time() - began)
                 evaluate = step % settings.eval_every == 0 or step == settings.steps
                 save = step % settings.checkpoint_every == 0 or step == settings.steps
                 if late.due() or evaluate or save:
@@ -251,7 +253,8 @@ class TrainingRun:
         report = self.training_report(
             steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
-            seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time)
+            seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time,
+            host_seconds=host_seconds)
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")
         return state, report
@@ -304,8 +307,11 @@ class TrainingRun:
 
     def training_report(self, *, steps: int, compiled_before, ahead_seconds: float,
                         seconds: float, real_tokens: int, seconds_before_training: float,
-                        out_of_time: bool) -> dict:
-        """eval.json's "training": batches, compiling, speed, what stopped the run."""
+                        out_of_time: bool, host_seconds: list[float]) -> dict:
+        """eval.json's "training": batches, compiling, speed, what stopped the run.
+        host_seconds_per_step: the loop's own time per step (median), taking the
+        prefetched batch and dispatching the step, while the devices run the steps
+        before it."""
         fill = self.batches["train"].fill()
         return {"batch_shapes": self.batches["train"].shapes(),
                 "real_token_fraction": round(fill["real_fraction"], 4),
@@ -314,6 +320,8 @@ class TrainingRun:
                 "compiled": compiling.CompileCounter.since(compiled_before),
                 "steps": steps,
                 "tgt_tokens_per_s": round(real_tokens / max(seconds, 1e-9), 1),
+                "host_seconds_per_step": (round(float(np.median(host_seconds)), 4)
+                                          if host_seconds else None),
                 "seconds_before_training": round(seconds_before_training, 3),
                 "stopped_by": "time_budget" if out_of_time else "steps",
                 "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
