@@ -32,7 +32,11 @@ token) every --eval-every steps, inside their budgets.
 
 Reported per side: steps, real target tokens/s over the training loop, seconds
 from the start to the end of the first step, compile seconds, test BLEU and
-chrF, final dev loss, and peak memory: on CUDA the allocator's peak bytes in
+chrF, final dev loss, the steady-state rate (median over the second half of
+the steps, evaluations left out), and peak memory; for ours also the loop's host
+time per step and the bare compiled step on the run's own batches
+(bare_step.py, run after the race: its rate and its MFU against a matmul peak
+measured beside it). Peak memory: on CUDA the allocator's peak bytes in
 use during training (JAX's peak_bytes_in_use, torch's max_memory_allocated), on
 CPU the side's process peak RSS over its whole run. Writes JSON (default
 benchmarks/results/race_<device>.json), the same name with .md (the markdown
