@@ -32,6 +32,7 @@ import safetensors.numpy
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError, listing
 from transformer_core.fairseq_tokenizer import FAIRSEQ_TOKENIZER_FILES, FairseqTokenizer
+from transformer_core.fsmt_tokenizer import FSMT_TOKENIZER_FILES, FSMTTokenizer
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
 from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer, TokenizerError
 
@@ -41,7 +42,8 @@ TOKENIZER_FILE = "tokenizer.model"
 # What our exporters and converters write into a directory (ours, or a Hugging Face
 # Marian one): a directory holding only these is an earlier output, which a new one replaces.
 OUTPUT_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, "generation_config.json",
-                          *MARIAN_TOKENIZER_FILES, *FAIRSEQ_TOKENIZER_FILES})
+                          *MARIAN_TOKENIZER_FILES, *FAIRSEQ_TOKENIZER_FILES,
+                          *FSMT_TOKENIZER_FILES})
 
 
 class CheckpointError(InputError):
@@ -269,12 +271,15 @@ def tokenizer_path(directory: str | os.PathLike) -> Path | None:
 
 def load_tokenizer(directory: str | os.PathLike) -> CheckpointTokenizer:
     """The directory's tokenizer: a converted Marian model's (source.spm + vocab.json), an
-    M2M100/NLLB model's (sentencepiece.bpe.model + fairseq_tokenizer.json) or
-    ours (tokenizer.model); a TokenizerError when it has neither."""
+    M2M100/NLLB model's (sentencepiece.bpe.model + fairseq_tokenizer.json), an FSMT
+    model's (vocab-src.json + fsmt_tokenizer.json ...) or ours (tokenizer.model); a
+    TokenizerError when it has none."""
     if MarianTokenizer.is_present(directory):
         return MarianTokenizer(directory)
     if FairseqTokenizer.is_present(directory):
         return FairseqTokenizer(directory)
+    if FSMTTokenizer.is_present(directory):
+        return FSMTTokenizer(directory)
     path = tokenizer_path(directory)
     if path is None:
         raise TokenizerError(f"{directory} has no {TOKENIZER_FILE} (nor Marian's source.spm + "

@@ -13,7 +13,8 @@ position_offset pad_id + 1. Stored position tables are checked, not copied.
 fairseq numbers positions by counting non-pad tokens: a pad gets the (zero)
 pad row, and left padding shifts the positions. Ours are indices, equal at
 every real token of a right-padded row; pads differ, but they are masked.
-M2M100's and NLLB's tokenizers are converted with the weights (fairseq_tokens.py).
+FSMT's, M2M100's and NLLB's tokenizers are converted with the weights (fairseq_tokens.py)
+when the directory has them, and checked to load and fit the model.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ import numpy as np
 
 # transformers' activation names and BART's layer names are Marian's.
 from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
-from jax_transformer.port.fairseq_tokens import m2m100_tokenizer, write_m2m100_tokenizer
+from jax_transformer.port.fairseq_tokens import (fsmt_tokenizer, m2m100_tokenizer,
+                                                 write_fsmt_tokenizer, write_m2m100_tokenizer)
 from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
                                           check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import sinusoidal_positions
+from transformer_core.tokenizer import TokenizerError
 
 # transformers computes fairseq's table in float32: the angle's rounding error grows
 # with the row, ~1.2e-7 * row (7e-5 at row 1025); a wrong formula is off by O(1).
@@ -202,23 +205,30 @@ def _check_positions(c: TensorConsumer, key: str, config: TransformerConfig) -> 
 # ------------------------------------------------------------------ directories
 
 def convert_hf_fsmt(src_dir: str | Path, out_dir: str | Path) -> TransformerConfig:
-    return _convert(src_dir, out_dir, "FSMT", fsmt_config, fsmt_tensors)
+    return _convert(src_dir, out_dir, "FSMT", fsmt_config, fsmt_tensors, fsmt_tokenizer,
+                    write_fsmt_tokenizer)
 
 
 def convert_hf_m2m100(src_dir: str | Path, out_dir: str | Path) -> TransformerConfig:
-    return _convert(src_dir, out_dir, "M2M100", m2m100_config, m2m100_tensors)
+    return _convert(src_dir, out_dir, "M2M100", m2m100_config, m2m100_tensors, m2m100_tokenizer,
+                    write_m2m100_tokenizer)
 
 
-def _convert(src_dir, out_dir, family: str, make_config, make_tensors) -> TransformerConfig:
+def _convert(src_dir, out_dir, family: str, make_config, make_tensors, read_tokenizer,
+             write_tokenizer) -> TransformerConfig:
     src_dir = Path(src_dir)
     if not (src_dir / "config.json").is_file():
         raise PortError(f"{src_dir} has no config.json (expected a Hugging Face {family} "
                         "directory)")
     config = make_config(read_json_object(src_dir / "config.json"), str(src_dir / "config.json"))
-    tokenizer = m2m100_tokenizer(src_dir) if family == "M2M100" else None
+    tokenizer = read_tokenizer(src_dir)
     tensors = make_tensors(read_hf_weights(src_dir), config)
     with checkpoint_dir.directory_written_whole(out_dir) as tmp:
         checkpoint_dir.save_dir(tmp, config, tensors)
         if tokenizer is not None:
-            write_m2m100_tokenizer(src_dir, tmp, tokenizer)
+            write_tokenizer(src_dir, tmp, tokenizer)
+            try:
+                checkpoint_dir.load_tokenizer(tmp).check_fits(config)
+            except TokenizerError as e:
+                raise PortError(f"{src_dir}'s tokenizer: {e}") from None
     return config

@@ -1,4 +1,5 @@
-"""The tokenizers of Hugging Face M2M100 and NLLB directories, converted with the weights.
+"""The tokenizers of Hugging Face FSMT, M2M100 and NLLB directories, converted with the
+weights.
 
 M2M100 (transformers' M2M100Tokenizer): `sentencepiece.bpe.model` splits text,
 `vocab.json` maps each piece to its id, and the language codes of the family
@@ -10,6 +11,11 @@ holds the piece ids and the codes ("fra_Latn") as added tokens; the same
 (NLLB's `legacy_behaviour`: after </s>). The result is read by
 transformer_core.fairseq_tokenizer.FairseqTokenizer: the SentencePiece model
 copied, and fairseq_tokenizer.json (pieces, codes, specials) written.
+
+FSMT (transformers' FSMTTokenizer: Moses and BPE): vocab-src.json, vocab-tgt.json and
+merges.txt are copied as they are, and tokenizer_config.json's `langs` and
+`do_lower_case` written to fsmt_tokenizer.json; read by
+transformer_core.fsmt_tokenizer.FSMTTokenizer.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from pathlib import Path
 from jax_transformer.port.reading import PortError, read_json_object
 from transformer_core import checkpoint_dir
 from transformer_core.fairseq_tokenizer import FAST_FILE, SPM_FILE, VOCAB_FILE
+from transformer_core.fsmt_tokenizer import (MERGES_FILE, SETTINGS_FILE, SRC_VOCAB_FILE,
+                                             TGT_VOCAB_FILE)
 
 # transformers' M2M100Tokenizer FAIRSEQ_LANGUAGE_CODES, in their order (their ids' order).
 M2M100_CODES = {
@@ -89,4 +97,37 @@ def write_m2m100_tokenizer(src_dir: Path, out_dir: Path, description: dict) -> N
                                         lambda p, name=name: shutil.copyfile(src_dir / name, p))
     text = json.dumps(description, ensure_ascii=False)
     checkpoint_dir.write_atomically(out_dir / VOCAB_FILE,
+                                    lambda p: p.write_text(text, encoding="utf-8"))
+
+
+FSMT_COPIED_FILES = (SRC_VOCAB_FILE, TGT_VOCAB_FILE, MERGES_FILE)
+
+
+def fsmt_tokenizer(src_dir: Path) -> dict | None:
+    """The fsmt_tokenizer.json contents for an FSMT directory, None when it has none of
+    the tokenizer files, a PortError when it has only some or no language pair."""
+    present = [name for name in FSMT_COPIED_FILES if (src_dir / name).is_file()]
+    if not present:
+        return None
+    missing = [name for name in FSMT_COPIED_FILES if name not in present]
+    if missing:
+        raise PortError(f"{src_dir} has {' and '.join(present)} but no {' or '.join(missing)}: "
+                        f"an FSMT tokenizer needs {', '.join(FSMT_COPIED_FILES)}")
+    path = src_dir / "tokenizer_config.json"
+    settings = read_json_object(path) if path.is_file() else {}
+    langs, lower = settings.get("langs"), settings.get("do_lower_case", False)
+    if not (isinstance(langs, list) and len(langs) == 2 and all(isinstance(x, str) for x in langs)):
+        raise PortError(f"{path}: langs must be the [source, target] language codes "
+                        f"FSMTTokenizer takes, got {langs!r}")
+    if not isinstance(lower, bool):
+        raise PortError(f"{path}: do_lower_case must be true or false, got {lower!r}")
+    return {"langs": langs, "do_lower_case": lower}
+
+
+def write_fsmt_tokenizer(src_dir: Path, out_dir: Path, settings: dict) -> None:
+    for name in FSMT_COPIED_FILES:
+        checkpoint_dir.write_atomically(out_dir / name,
+                                        lambda p, name=name: shutil.copyfile(src_dir / name, p))
+    text = json.dumps(settings, ensure_ascii=False)
+    checkpoint_dir.write_atomically(out_dir / SETTINGS_FILE,
                                     lambda p: p.write_text(text, encoding="utf-8"))
