@@ -5,8 +5,9 @@ converted opus-mt model's Marian tokenizer, whose multilingual models take the
 target language as a code at the start of each line, ">>fra<< text", as with
 transformers; a converted M2M100/NLLB model's (transformer_core.fairseq_tokenizer) needs
 the source and target languages (set_languages), and its searches force the target
-code as the first generated token (transformers' forced_bos_token_id). `framework="torch"` runs torch_reference (on CUDA when torch sees
-a GPU) and does not import JAX.
+code as the first generated token (transformers' forced_bos_token_id); a converted
+FSMT model's (transformer_core.fsmt_tokenizer) takes neither. `framework="torch"` runs
+torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 """
 
 from __future__ import annotations

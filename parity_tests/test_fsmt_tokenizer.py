@@ -216,7 +216,7 @@ def test_directory_without_tokenizer_converts_weights_only(converted, tmp_path, 
     (lambda d: (d / "vocab-src.json").write_text(
         '{"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "big": 1000}'),
      "the source vocabulary has id 1000, the model's is"),
-])
+], ids=["no merges", "no langs", "a vocabulary without <unk>", "an id beyond the model's"])
 def test_bad_tokenizer_files_are_refused(converted, tmp_path, capsys, change, message):
     _, src_dir, _ = converted
     shutil.copytree(src_dir, tmp_path / "src")
@@ -224,3 +224,13 @@ def test_bad_tokenizer_files_are_refused(converted, tmp_path, capsys, change, me
     code, err = port(tmp_path / "src", tmp_path / "ours", capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "ours").exists()
+
+
+def test_normalize_punctuation_is_refused_with_the_tokenizer_named(converted, tmp_path, capsys):
+    """FSMT's tokenizer normalises as it encodes: there is no separate step to ask for."""
+    _, _, ours_dir = converted
+    (tmp_path / "in.txt").write_text("Hello\n")
+    assert translate_command.main(["--checkpoint", str(ours_dir), "--input",
+                                   str(tmp_path / "in.txt"), "--normalize-punctuation"]) == 2
+    assert "tokenizer (FSMTTokenizer) has no separate normalising step" in \
+        capsys.readouterr().err

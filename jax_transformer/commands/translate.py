@@ -13,8 +13,10 @@ eos) or, in a converted opus-mt model, Marian's source.spm + vocab.json
 (transformer_core.marian_tokenizer): a multilingual model's target language is a code at the
 start of each line, ">>fra<< text", as with transformers; a converted M2M100/NLLB
 model's (sentencepiece.bpe.model + fairseq_tokenizer.json) takes --src-lang and
---tgt-lang (codes as transformers names them: fr, fra_Latn); --normalize-punctuation
-applies the Moses punctuation normaliser of OPUS-MT's pre-processing first.
+--tgt-lang (codes as transformers names them: fr, fra_Latn); a converted FSMT model's
+(vocab-src.json + merges.txt + fsmt_tokenizer.json) Moses-normalises, tokenises and
+applies BPE itself. --normalize-punctuation applies the Moses punctuation normaliser
+of OPUS-MT's pre-processing first.
 Sentences are sorted by length into batches and padded to the training buckets'
 lengths (jax_transformer.data.packing), so JAX compiles once per length bucket,
 not once per batch. Progress and errors go to stderr. `--framework torch` runs
@@ -95,7 +97,8 @@ def translate_command(argv=None) -> int:
     set_languages(tokenizer, args.src_lang, args.tgt_lang)
     if args.normalize_punctuation and not tokenizer.normalizes:
         raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm + "
-                             f"vocab.json); {args.checkpoint} has {checkpoint_dir.TOKENIZER_FILE}")
+                             f"vocab.json); {args.checkpoint}'s tokenizer "
+                             f"({type(tokenizer).__name__}) has no separate normalising step")
     if args.input:
         try:
             lines = split_lines(Path(args.input).read_bytes(), f"--input {args.input}")
