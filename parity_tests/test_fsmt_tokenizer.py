@@ -21,6 +21,8 @@ import pytest
 import sacremoses
 import torch
 
+from jax_transformer import parity
+from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import translate as translate_command
 from parity_tests import test_port_fairseq
@@ -184,6 +186,23 @@ def test_translate_equals_generate(converted, tmp_path, beam):
     want = tok.batch_decode(to_numpy(out).tolist(), skip_special_tokens=True)
     assert got == want
     assert sum(bool(line) for line in got) > len(got) // 2, "the model should produce text"
+
+
+@pytest.mark.slow
+def test_parity_runs_on_sentences(converted, tmp_path, capsys):
+    """`jaxformer-parity --sentences`: sources are transformers' ids, targets start with
+    decoder_start_token_id (</s>) and go on with the target-side ids."""
+    _, src_dir, ours_dir = converted
+    config = checkpoint_dir.load_dir(ours_dir)[0]
+    src, tgt = parity.sentence_batch(ours_dir, config, SENTENCES[:2])
+    theirs = hf_tokenizer(src_dir)(SENTENCES[1]).input_ids
+    assert src[1].tolist() == theirs + [config.pad_id] * (src.shape[1] - len(theirs))
+    assert tgt[1, 0] == 2 and tgt[1, 1:4].tolist() == \
+        hf_tokenizer(src_dir, reverse=True)(SENTENCES[1]).input_ids[:3]
+    (tmp_path / "sents.txt").write_text("".join(s + "\n" for s in SENTENCES[:2]))
+    assert parity_command.main([str(ours_dir), "--sentences", str(tmp_path / "sents.txt"),
+                                "--dtypes", "float32"]) == 0
+    assert "2 sentence(s)" in capsys.readouterr().out
 
 
 def port(src_dir, out_dir, capsys) -> tuple[int, str]:

@@ -46,9 +46,11 @@ SRC_VOCAB_FILE, TGT_VOCAB_FILE, MERGES_FILE = "vocab-src.json", "vocab-tgt.json"
 SETTINGS_FILE = "fsmt_tokenizer.json"
 FSMT_TOKENIZER_FILES = (SRC_VOCAB_FILE, TGT_VOCAB_FILE, MERGES_FILE, SETTINGS_FILE)
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+SPECIAL_TEXTS = re.compile("(" + "|".join(map(re.escape, SPECIALS)) + ")")  # split, kept
 END_OF_WORD = "</w>"
 
-# Moses' replace-unicode-punctuation.perl, as transformers' replace_unicode_punct (in order).
+# Moses' replace-unicode-punctuation.perl, as transformers' replace_unicode_punct (each
+# output is ASCII, no other's input, so the order does not matter).
 UNICODE_PUNCTUATION = (("，", ","), ("、", ","), ("”", '"'), ("“", '"'), ("∶", ":"), ("：", ":"),
                        ("？", "?"), ("《", '"'), ("》", '"'), ("）", ")"), ("！", "!"), ("（", "("),
                        ("；", ";"), ("」", '"'), ("「", '"'), ("～", "~"), ("’", "'"),
@@ -94,7 +96,7 @@ class FSMTTokenizer:
         self.vocab = {side: self._read_vocab(directory / name)
                       for side, name in (("source", SRC_VOCAB_FILE), ("target", TGT_VOCAB_FILE))}
         self.pieces = {i: p for p, i in self.vocab["target"].items()}
-        self.special_ids = {self.vocab["source"][p] for p in SPECIALS}
+        self.special_ids = {self.vocab["source"][p] for p in SPECIALS}  # as transformers'
         self.pad_id, self.eos_id = self.vocab["source"]["<pad>"], self.vocab["source"]["</s>"]
         try:  # read as transformers does: a last line without "\n" is not a merge
             lines = (directory / MERGES_FILE).read_text(encoding="utf-8").split("\n")[:-1]
@@ -153,7 +155,7 @@ class FSMTTokenizer:
         """Text -> ids of `side`'s vocabulary, without </s> (unknown pieces: <unk>)."""
         vocab = self.vocab[side]
         ids = []
-        for chunk in re.split("(" + "|".join(map(re.escape, SPECIALS)) + ")", text):
+        for chunk in SPECIAL_TEXTS.split(text):
             if chunk in SPECIALS:
                 ids.append(vocab[chunk])
                 continue
@@ -167,7 +169,7 @@ class FSMTTokenizer:
         return ids
 
     def encode_source(self, text: str) -> list[int]:
-        return self.encode(text) + [self.vocab["source"]["</s>"]]
+        return self.encode(text) + [self.eos_id]
 
     def encode_target(self, text: str) -> list[int]:
         """Target-side ids without </s>: vocab-tgt.json's, with the target language's
@@ -188,7 +190,7 @@ class FSMTTokenizer:
             if i == self.eos_id:
                 break
             if i not in self.special_ids:
-                pieces.append(self.pieces.get(i, "<unk>"))
+                pieces.append(self.pieces.get(i, "<unk>"))  # an id beyond vocab-tgt.json
         words = "".join(p.replace(" ", "").replace(END_OF_WORD, " ") for p in pieces).split()
         return self.moses_detokenizer.detokenize(words)
 
