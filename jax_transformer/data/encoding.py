@@ -54,8 +54,9 @@ def encode_pairs(tokenizer: CheckpointTokenizer, pairs: Sequence[Pair], max_len:
     "line" is the pair's 1-based position in `pairs`). When none fits, the
     CorpusError names the pairs as `name` ("the test split"). Our tokenizer
     encodes ENCODE_CHUNK texts a call; any other checkpoint tokenizer (a converted
-    Marian model's, --init-from) one pair at a time: `encode_source` less its final
-    eos, and `encode_target`.
+    Marian, FSMT or M2M100/NLLB model's, --init-from) one pair at a time:
+    `encode_source` less its final eos, and `encode_target` (an M2M100/NLLB one's
+    language codes included).
     """
     if not pairs:
         raise CorpusError("encode_pairs got no pairs")

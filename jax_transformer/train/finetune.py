@@ -2,17 +2,21 @@
 
     read_init_dir(DIR)       its config and tokenizer, checked (TrainError naming DIR)
     model_defaults(config)   the model flags' defaults: DIR's config
-    check_settings(s, init)  refuse model flags (and --task, --max-len) DIR's model contradicts
+    check_settings(s, init)  refuse model flags (and --task, --max-len) DIR's model contradicts,
+                             and language codes its tokenizer lacks or needs
     run_config(config, m)    DIR's config with the training-only overrides (--dropout)
     fingerprint(DIR)         what run_args.json records: a resume needs the same DIR
     install_tokenizer(...)   DIR's tokenizer files copied into WORKDIR/tokenizer/, loaded
 
-The tokenizer is the checkpoint's own, never a new one: ours (tokenizer.model) or
-a converted opus-mt model's Marian files (source.spm / target.spm + vocab.json:
-separate source and target pieces in one id space), whichever
+The tokenizer is the checkpoint's own, never a new one: ours (tokenizer.model), a
+converted opus-mt model's Marian files (source.spm / target.spm + vocab.json:
+separate source and target pieces in one id space), a converted FSMT model's (Moses +
+BPE, two vocabularies) or M2M100/NLLB model's (SentencePiece + language codes, which
+--src-lang-code / --tgt-lang-code pick), whichever
 transformer_core.checkpoint_dir.load_tokenizer finds. The batches use the config's
-special ids, so a Marian model's decoder starts from its pad id as transformers'
-does. Needs neither JAX nor torch (train.py's flags are checked before JAX loads).
+special ids, so a Marian model's decoder starts from its pad id, and a fairseq
+model's from </s>, as transformers' do. Needs neither JAX nor torch (train.py's flags
+are checked before JAX loads).
 """
 
 from __future__ import annotations
@@ -31,15 +35,19 @@ from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import InputError
+from transformer_core.fairseq_tokenizer import FAIRSEQ_TOKENIZER_FILES
+from transformer_core.fsmt_tokenizer import FSMT_TOKENIZER_FILES
+from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES
 from transformer_core.tokenizer import CheckpointTokenizer
 
 # Config fields that only change training, which a fine-tuning run may set anew.
 TRAINING_ONLY_FIELDS = ("dropout",)
-# Every tokenizer file checkpoint_dir.load_tokenizer reads: ours, then Marian's (the files
-# port.marian.MARIAN_TOKENIZER_FILES copies; tests/train/test_finetune.py keeps the two
-# lists alike, since the training library may not import port/).
-TOKENIZER_FILES = (TOKENIZER_FILE, "source.spm", "target.spm", "vocab.json",
-                   "target_vocab.json", "tokenizer_config.json", "special_tokens_map.json")
+# Every tokenizer file checkpoint_dir.load_tokenizer reads: ours, Marian's, M2M100/NLLB's
+# and FSMT's, each listed once by the tokenizer that reads it (tests/train/test_finetune.py
+# checks these are the files the port writes).
+TOKENIZER_FILES = (TOKENIZER_FILE, *MARIAN_TOKENIZER_FILES, *FAIRSEQ_TOKENIZER_FILES,
+                   *FSMT_TOKENIZER_FILES)
+LANGUAGE_FLAGS = ("--src-lang-code", "--tgt-lang-code")
 RUN_TOKENIZER_DIR = "tokenizer"  # WORKDIR/tokenizer/: the fine-tuning run's copy
 
 
@@ -117,6 +125,38 @@ def check_settings(settings: RunSettings, init: InitDir) -> None:
     if settings.data.max_len > config.max_len:
         raise TrainError(f"--max-len {settings.data.max_len} is longer than the positions of "
                          f"{where} (max_len {config.max_len})")
+    set_languages(init.tokenizer, language_codes(settings), where)
+
+
+def language_codes(settings: RunSettings) -> tuple[str | None, str | None]:
+    """(--src-lang-code, --tgt-lang-code) as flagged."""
+    return settings.train.src_lang_code, settings.train.tgt_lang_code
+
+
+def set_languages(tokenizer: CheckpointTokenizer, codes: tuple[str | None, str | None],
+                  where: str) -> None:
+    """Give an M2M100/NLLB tokenizer the corpus's language codes, both required and known
+    to it; refuse codes for a tokenizer without any (a TrainError naming `where`)."""
+    if not hasattr(tokenizer, "set_languages"):
+        if any(codes):
+            raise TrainError(f"{' and '.join(LANGUAGE_FLAGS)} are for an M2M100/NLLB "
+                             f"checkpoint; the tokenizer of {where} "
+                             f"({type(tokenizer).__name__}) has no language codes: drop them")
+        return
+    known = f"known codes: {' '.join(tokenizer.supported_language_codes)}"
+    if not all(codes):
+        raise TrainError(f"{where} is a {tokenizer.family} model: give the corpus's languages "
+                         f"as {' and '.join(LANGUAGE_FLAGS)}; {known}")
+    if tokenizer.source_code == "suffix":
+        raise TrainError(f"{where}: its tokenizer puts the source code after </s> "
+                         "(legacy_behaviour), which training batches cannot end a source with; "
+                         "convert it with legacy_behaviour false")
+    unknown = [f"{name} {code!r}" for name, code in zip(LANGUAGE_FLAGS, codes)
+               if code not in tokenizer.supported_language_codes]
+    if unknown:
+        raise TrainError(f"{where}: its {tokenizer.family} tokenizer has no language "
+                         f"{' nor '.join(unknown)}; {known}")
+    tokenizer.set_languages(*codes)
 
 
 def run_config(config: TransformerConfig, model: ModelSettings) -> TransformerConfig:
@@ -139,12 +179,15 @@ def fingerprint(directory: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def install_tokenizer(init: InitDir, workdir: Path, primary: bool = True) -> CheckpointTokenizer:
+def install_tokenizer(init: InitDir, workdir: Path, codes: tuple[str | None, str | None],
+                      primary: bool = True) -> CheckpointTokenizer:
     """Copy DIR's tokenizer files into WORKDIR/tokenizer/ (replacing what was there) and
-    load them: the run and its export use that copy. Only the `primary` process writes;
-    the others read DIR's own files (the same bytes: the fingerprint covers them)."""
+    load them, with the language `codes` (set_languages): the run and its export use that
+    copy. Only the `primary` process writes; the others read DIR's own files (the same
+    bytes: the fingerprint covers them)."""
     target = workdir / RUN_TOKENIZER_DIR
     if not primary:
+        set_languages(init.tokenizer, codes, f"--init-from {init.directory}")
         return init.tokenizer
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
@@ -153,6 +196,7 @@ def install_tokenizer(init: InitDir, workdir: Path, primary: bool = True) -> Che
             target / name, lambda p, name=name: shutil.copyfile(init.directory / name, p))
     tokenizer = checkpoint_dir.load_tokenizer(target)
     tokenizer.check_fits(init.config)
+    set_languages(tokenizer, codes, f"--init-from {init.directory}")
     return tokenizer
 
 

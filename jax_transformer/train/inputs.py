@@ -114,10 +114,8 @@ def check_unknown(split: str, src_ids, tgt_ids, tokenizer, unit: str = "pairs") 
     """Log how many examples of a split have many unknown pieces (UNKNOWN_SHARE of a
     side or more); a TrainError when they are most of it: the text is not in the
     tokenizer's languages or script."""
-    unk = getattr(tokenizer, "unk_id", UNK_ID)
-    vocab = getattr(tokenizer, "vocab", None)  # a Marian tokenizer's, per side
-    tgt_unk = vocab["target"]["<unk>"] if isinstance(vocab, dict) and "target" in vocab else unk
-    count = count_many_unknown([src_ids, tgt_ids], [unk, tgt_unk])
+    count = count_many_unknown([src_ids, tgt_ids], [unknown_id(tokenizer, side)
+                                                     for side in ("source", "target")])
     if not count:
         return
     line = (f"{split}: {count} of {len(tgt_ids)} {unit} ({count / len(tgt_ids):.1%}) are "
@@ -126,6 +124,15 @@ def check_unknown(split: str, src_ids, tgt_ids, tokenizer, unit: str = "pairs") 
         raise TrainError(f"{line}: is the text in the languages (and script) it was made "
                          "for? Fix the corpus, or use another checkpoint's tokenizer")
     log(line)
+
+
+def unknown_id(tokenizer, side: str) -> int:
+    """The <unk> id of a side: a Marian or FSMT tokenizer's vocabulary of that side, an
+    M2M100/NLLB tokenizer's, or ours."""
+    vocab = getattr(tokenizer, "vocab", None)
+    if isinstance(vocab, dict) and isinstance(vocab.get(side), dict):  # one per side
+        return vocab[side]["<unk>"]
+    return getattr(tokenizer, "unk_id", UNK_ID)
 
 
 def rows_alone_differ(data_state: dict, batches: PackedBatches) -> bool:

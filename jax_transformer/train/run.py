@@ -125,9 +125,11 @@ class TrainingRun:
                                             settings.seed, self.resuming)
             special_ids = PAD_ID, BOS_ID, EOS_ID
         else:  # the checkpoint's own tokenizer and special ids, never new ones
-            self.tokenizer = finetune.install_tokenizer(init, workdir, self.primary)
+            codes = finetune.language_codes(self.settings)
+            self.tokenizer = finetune.install_tokenizer(init, workdir, codes, self.primary)
             log(f"tokenizer: {init.directory}'s ({type(self.tokenizer).__name__}: "
-                f"{', '.join(finetune.tokenizer_files(init.directory))})")
+                f"{', '.join(finetune.tokenizer_files(init.directory))})"
+                + (" {} -> {}".format(*codes) if any(codes) else ""))
             special_ids = init.config.pad_id, init.config.bos_id, init.config.eos_id
         self.batches = make_batches(self.splits, self.tokenizer, data_settings, settings.seed,
                                     special_ids)

@@ -234,6 +234,14 @@ class TrainSettings:
               f"{FINETUNE_DEFAULTS['lr_schedule']} and --warmup to {FINETUNE_DEFAULTS['warmup']}. "
               "The run evaluates the starting model before the first step. Its fingerprint "
               "is recorded: a resume needs the same DIR", metavar="DIR")
+    src_lang_code: str | None = setting(
+        None, "--init-from an M2M100/NLLB directory (required there, refused elsewhere): the "
+              "corpus's source language as its tokenizer names it (fr, fra_Latn), put before "
+              "each source sentence", metavar="CODE")
+    tgt_lang_code: str | None = setting(
+        None, "--init-from an M2M100/NLLB directory: the target language code, first in "
+              "each target (the decoder learns it after </s>) and forced as the first token "
+              "when the run translates the test set", metavar="CODE")
     steps: int = setting(1200, f"optimizer updates in total "
                                f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)")
     time_budget: float | None = setting(
@@ -298,6 +306,10 @@ class TrainSettings:
                                                f"{', '.join(FREEZE_CHOICES)}, got {self.freeze!r}")
         require(self.time_budget is None or self.time_budget > 0,
                 f"--time-budget must be positive (seconds), got {self.time_budget}")
+        for name in ("src_lang_code", "tgt_lang_code"):
+            require(self.init_from or getattr(self, name) is None,
+                    f"{flag(name)} names a language of the tokenizer of an M2M100/NLLB "
+                    "checkpoint to fine-tune; it needs --init-from DIR")
         require(0 <= self.label_smoothing < 1,
                 f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         require(self.clip_norm >= 0, f"--clip-norm must be 0 (off) or positive, "
@@ -324,7 +336,7 @@ ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task"
                   "position_encoding": "sinusoidal", "position_offset": 0,
                   "share_embeddings": True, "tie_output": True, "output_bias": False,
                   "lr_schedule": "paper", "lr": 5e-5, "freeze": "none",
-                  "init_from_fingerprint": None}
+                  "init_from_fingerprint": None, "src_lang_code": None, "tgt_lang_code": None}
 
 
 def _name_metavars(*settings_classes) -> None:

@@ -17,6 +17,7 @@ from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
+from transformer_core.fairseq_tokenizer import FairseqTokenizer
 from transformer_core.tokenizer import Tokenizer
 
 
@@ -82,14 +83,18 @@ class TranslationTask:
                             [:config.max_len]], np.int32)
         _, attention = model(jnp.asarray(src_ids), jnp.asarray(tgt_ids), return_attention=True)
         plots.attention_heatmap(np.asarray(attention["cross"][-1][0], np.float32),
-                                [piece_name(tokenizer, i, "source") for i in src_ids[0]],
-                                [piece_name(tokenizer, i, "target") for i in tgt_ids[0]], path,
+                                piece_names(tokenizer, src_ids[0], "source"),
+                                piece_names(tokenizer, tgt_ids[0], "target"), path,
                                 f"last decoder layer's cross-attention: {sample['source']!r}")
 
 
-def piece_name(tokenizer, token_id, side: str) -> str:
-    """A token id's piece: ours (one SentencePiece vocabulary) or a Marian tokenizer's
-    (vocab.json, per side)."""
+def piece_names(tokenizer, token_ids, side: str) -> list[str]:
+    """Token ids' pieces: ours (one SentencePiece vocabulary), an M2M100/NLLB tokenizer's
+    (one vocabulary, and its language codes) or a Marian or FSMT one's (one per side)."""
     if isinstance(tokenizer, Tokenizer):
-        return tokenizer.sp.IdToPiece(int(token_id))
-    return tokenizer.pieces[side].get(int(token_id), "<unk>")
+        return [tokenizer.sp.IdToPiece(int(i)) for i in token_ids]
+    if isinstance(tokenizer, FairseqTokenizer):
+        names = {**tokenizer.pieces, **{i: code for code, i in tokenizer.languages.items()}}
+    else:
+        names = {i: piece for piece, i in tokenizer.vocab[side].items()}
+    return [names.get(int(i), "<unk>") for i in token_ids]

@@ -180,10 +180,17 @@ def test_batches_use_the_model_s_special_ids():
     assert sorted(batch["src"][0][batch["src_segments"][0] > 0].tolist()) == [0, 0, 5, 6, 7]
 
 
-def test_the_tokenizer_files_are_those_the_port_copies():
+def test_the_tokenizer_files_are_those_the_port_writes():
+    """Ours, Marian's, FSMT's and M2M100/NLLB's (whose converted directories the
+    parity_tests/test_finetune_fairseq.py runs also check file by file)."""
+    from jax_transformer.port import fairseq_tokens
     from jax_transformer.port.marian import MARIAN_TOKENIZER_FILES
+    from transformer_core import fairseq_tokenizer
+    fsmt = {*fairseq_tokens.FSMT_COPIED_FILES, fairseq_tokens.SETTINGS_FILE}
+    m2m100_and_nllb = {fairseq_tokenizer.SPM_FILE, fairseq_tokenizer.FAST_FILE,
+                       fairseq_tokenizer.VOCAB_FILE}
     assert set(finetune.TOKENIZER_FILES) == {checkpoint_dir.TOKENIZER_FILE,
-                                             *MARIAN_TOKENIZER_FILES}
+                                             *MARIAN_TOKENIZER_FILES, *fsmt, *m2m100_and_nllb}
 
 
 # ------------------------------------------------------------ a train.py export, fine-tuned
