@@ -34,21 +34,22 @@ MAX_LEN = 10
 LANGS = {"m2m100": ("en", "fr"), "nllb": ("eng_Latn", "fra_Latn")}
 
 
-def spm_model(path):
+def spm_model(path, sentences=TRAIN):
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TRAIN), model_writer=model,
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
                                    vocab_size=120, model_type="bpe", character_coverage=1.0,
                                    minloglevel=2)
     path.write_bytes(model.getvalue())
     return spm.SentencePieceProcessor(model_file=str(path))
 
 
-def hf_tokenizer(tmp_path, family: str):
-    """transformers' tokenizer for `family`, saved in a directory of its own."""
+def hf_tokenizer(tmp_path, family: str, sentences=TRAIN):
+    """transformers' tokenizer for `family` (SentencePiece learned on `sentences`), saved
+    in a directory of its own."""
     src, tgt = LANGS[family]
     work = tmp_path / f"{family}-tok"
     work.mkdir()
-    sp = spm_model(work / "sentencepiece.bpe.model")
+    sp = spm_model(work / "sentencepiece.bpe.model", sentences)
     if family == "m2m100":
         vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
         for i in range(sp.get_piece_size()):

@@ -85,15 +85,16 @@ def learn_merges(sentences: list[str], count: int) -> list[tuple[str, str]]:
     return merges
 
 
-def write_bpe_files(directory):
-    """merges.txt, vocab-src.json and vocab-tgt.json (fairseq's specials 0-3 first)."""
+def write_bpe_files(directory, sentences=TRAIN, gaps: bool = True):
+    """merges.txt, vocab-src.json and vocab-tgt.json (fairseq's specials 0-3 first), BPE
+    learned on `sentences`; `gaps`: every 7th symbol left out of the target's."""
     directory.mkdir()
-    merges = learn_merges(TRAIN, MERGES)
+    merges = learn_merges(sentences, MERGES)
     symbols = sorted({a for pair in merges for a in pair} | {a + b for a, b in merges})
     specials = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
     vocabs = {"src": {**specials, **{s: 4 + i for i, s in enumerate(symbols)}},
               "tgt": {**specials, **{s: 4 + i for i, s in enumerate(
-                  s for n, s in enumerate(reversed(symbols)) if n % 7)}}}
+                  s for n, s in enumerate(reversed(symbols)) if n % 7 or not gaps)}}}
     (directory / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in merges))
     for side, vocab in vocabs.items():
         (directory / f"vocab-{side}.json").write_text(json.dumps(vocab, ensure_ascii=False))
