@@ -17,7 +17,7 @@ test_fairseq_tokenizers) is converted with `port`, then fine-tuned for 2 steps
 - the export holds the converted directory's files byte for byte, and
   `jaxformer-translate` (M2M100: --src-lang/--tgt-lang) translates the test set with
   it as the run's own test evaluation did (the forced target code, decoded away).
-- the language-code flags are refused where they do not fit, one line each.
+- the language-code flags are refused where they do not fit; <unk> is the tokenizer's.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.commands import translate as translate_command
 from jax_transformer.data import corpora
+from jax_transformer.train.inputs import unknown_id
 from jax_transformer.train.settings import TrainError
 from parity_tests import test_fairseq_tokenizers, test_fsmt_tokenizer, test_port_fairseq
 from parity_tests.test_finetune import records, write_lines
+from transformer_core import checkpoint_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,6 +166,12 @@ def test_the_export_keeps_the_tokenizer_and_translates_as_the_run_did(finetuned,
     assert results["test"]["sentences"] == TEST and (tmp / "run" / "attention.png").is_file()
 
 
+def test_unknown_pieces_are_counted_by_the_tokenizer_s_own_unk(converted):
+    for family in ("fsmt", "m2m100"):
+        tokenizer = checkpoint_dir.load_tokenizer(converted(family)[3])
+        assert [unknown_id(tokenizer, side) for side in ("source", "target")] == [3, 3]
+
+
 @pytest.mark.parametrize("family, flags, message", [
     ("m2m100", [], "--init-from {dir} is a m2m100 model: give the corpus's languages as "
                    "--src-lang-code and --tgt-lang-code; known codes: af am ar"),
@@ -187,11 +195,10 @@ def test_language_code_flags_are_refused_where_they_do_not_fit(converted, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("finetuned", ["m2m100"], indirect=True)  # FSMT takes no codes
 def test_a_resume_needs_the_same_language_codes(finetuned):
     from jax_transformer.train.run import TrainingRun
-    family, _, _, _, _, _, flags = finetuned
-    if family != "m2m100":
-        pytest.skip("FSMT takes no language codes")
+    *_, flags = finetuned
     flags = [("de" if i and flags[i - 1] == "--tgt-lang-code" else flag)
              for i, flag in enumerate(flags)]
     with pytest.raises(TrainError, match=r"other settings \(--tgt-lang-code 'fr' -> 'de'\)"):
