@@ -194,6 +194,22 @@ def test_language_code_flags_are_refused_where_they_do_not_fit(converted, tmp_pa
     assert str(error.value).startswith(message.format(dir=init and init[1])), error.value
 
 
+def test_an_nllb_tokenizer_with_the_source_code_last_is_refused(tmp_path):
+    text = [s for pair in number_pairs("m2m100")["train"] for s in pair]
+    tok, work = test_fairseq_tokenizers.hf_tokenizer(tmp_path, "nllb", text)
+    _, src_dir = test_port_fairseq.make_model(tmp_path, "m2m100", vocab_size=len(tok) + 8)
+    tok.save_pretrained(src_dir)
+    (src_dir / "sentencepiece.bpe.model").write_bytes(
+        (work / "sentencepiece.bpe.model").read_bytes())
+    settings = json.loads((src_dir / "tokenizer_config.json").read_text())
+    (src_dir / "tokenizer_config.json").write_text(json.dumps({**settings,
+                                                               "legacy_behaviour": True}))
+    assert port_command.main(["--from", "hf-m2m100", str(src_dir), str(tmp_path / "ours")]) == 0
+    with pytest.raises(TrainError, match="its tokenizer puts the source code after </s>"):
+        train_command.parse_args(["--init-from", str(tmp_path / "ours"), "--src-lang-code",
+                                  "eng_Latn", "--tgt-lang-code", "fra_Latn"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("finetuned", ["m2m100"], indirect=True)  # FSMT takes no codes
 def test_a_resume_needs_the_same_language_codes(finetuned):

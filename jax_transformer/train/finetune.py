@@ -143,14 +143,14 @@ def set_languages(tokenizer: CheckpointTokenizer, codes: tuple[str | None, str |
                              f"checkpoint; the tokenizer of {where} "
                              f"({type(tokenizer).__name__}) has no language codes: drop them")
         return
-    known = f"known codes: {' '.join(tokenizer.supported_language_codes)}"
-    if not all(codes):
-        raise TrainError(f"{where} is a {tokenizer.family} model: give the corpus's languages "
-                         f"as {' and '.join(LANGUAGE_FLAGS)}; {known}")
     if tokenizer.source_code == "suffix":
         raise TrainError(f"{where}: its tokenizer puts the source code after </s> "
                          "(legacy_behaviour), which training batches cannot end a source with; "
                          "convert it with legacy_behaviour false")
+    known = f"known codes: {' '.join(tokenizer.supported_language_codes)}"
+    if not all(codes):
+        raise TrainError(f"{where} is a {tokenizer.family} model: give the corpus's languages "
+                         f"as {' and '.join(LANGUAGE_FLAGS)}; {known}")
     unknown = [f"{name} {code!r}" for name, code in zip(LANGUAGE_FLAGS, codes)
                if code not in tokenizer.supported_language_codes]
     if unknown:
