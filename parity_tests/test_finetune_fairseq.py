@@ -41,7 +41,6 @@ transformers = pytest.importorskip("transformers")
 
 TRAIN, DEV, TEST = 48, 8, 8
 LANGS = {"fsmt": test_fsmt_tokenizer.LANGS, "m2m100": test_fairseq_tokenizers.LANGS["m2m100"]}
-PAD = test_port_fairseq.PAD
 
 
 def number_pairs(family: str) -> dict[str, list[corpora.Pair]]:
