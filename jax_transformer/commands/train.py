@@ -12,6 +12,8 @@ With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
     jaxformer-train --task lm --workdir runs/lm --text-path book.txt   # one example per line
     jaxformer-train --workdir runs/ft --init-from ckpt/opus-en-de \\
         --src-path train.en --tgt-path train.de --lr 3e-5 --steps 2000  # fine-tune a checkpoint
+    jaxformer-train --workdir runs/m2m --init-from ckpt/m2m100 --src-path train.en \\
+        --tgt-path train.fr --src-lang-code en --tgt-lang-code fr  # M2M100/NLLB: its codes
 
 Running it again on the same --workdir resumes from the latest checkpoint.
 SIGTERM or Ctrl-C finishes the current step, saves it and exits (docs/faults.md).
