@@ -65,6 +65,16 @@ class TrainingRun:
         "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
         and which checkpoint a resume starts from (disk_full.py)."""
         disk_full.quiet_echoes()
+        settings = self.settings.train
+        distributed.check_environment(settings)
+        if not settings.distributed:
+            return self._run_or_disk_full()
+        distributed.initialize(settings)
+        with distributed.together(settings, lambda: distributed.resume_hint(
+                Path(settings.workdir))):
+            return self._run_or_disk_full()
+
+    def _run_or_disk_full(self) -> dict:
         try:
             return self._run()
         except Exception as error:
@@ -75,8 +85,6 @@ class TrainingRun:
 
     def _run(self) -> dict:
         settings = self.settings.train
-        if settings.distributed:
-            distributed.initialize()
         compiling.use_compilation_cache(settings.compile_cache, warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
@@ -218,7 +226,7 @@ class TrainingRun:
                     progress.update(1)
                 return read[-1].loss if read else None
 
-            while step < settings.steps and not stops.agreed():
+            while step < settings.steps and not stops.agreed(step):
                 began = time.time()  # the budget had time left: this step starts
                 update = next(updates)
                 state, metrics = self.step(state, update.micro_batches)
@@ -332,10 +340,10 @@ class TrainingRun:
         if self.primary:  # whole or not at all: a failure keeps the earlier export
             with directory_written_whole(self.workdir / "export") as tmp:
                 if self.init is not None:  # the tokenizer files it came with
-                    self.trainer.model(state).save_pretrained(tmp)
+                    self.trainer.local_model(state).save_pretrained(tmp)
                     names = finetune.copy_tokenizer(self.workdir, tmp)
                 else:
-                    self.trainer.model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
+                    self.trainer.local_model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
                     names = [self.tokenizer.path.name]
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")
@@ -343,7 +351,7 @@ class TrainingRun:
     def evaluate(self, state, report: dict) -> dict:
         """Held-out losses and the task's test evaluation (the test set decoded); writes
         eval.json (with this process's training `report`) and the figures."""
-        model = self.trainer.model(state)
+        model = self.trainer.local_model(state)
         results = {"step": int(state.step), "training": report}
         for split in ("dev", "test"):
             results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
@@ -377,7 +385,7 @@ class TrainingRun:
         state = self.trainer.initial_state
         start = {split: evaluation.heldout_loss(self.trainer, state, self.batches[split])
                  for split in ("dev", "test")}
-        decoded = self.task.evaluate_test(self.trainer.model(state), self.tokenizer,
+        decoded = self.task.evaluate_test(self.trainer.local_model(state), self.tokenizer,
                                           self.splits["test"], self.settings.train, log)
         start["test"].update(decoded["test"])
         scores = ", ".join(f"{k} {v:.4g}" for k, v in decoded["test"].items()

@@ -133,6 +133,14 @@ def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def replicate(tree, sharding: NamedSharding):
+    """This process's `tree` (the same on every process) as arrays of `sharding`; with
+    several processes by a compiled copy, since device_put reaches local devices only."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.jit(lambda t: t, out_shardings=sharding)(tree)
+
+
 @dataclasses.dataclass
 class TrainState:
     """Everything a step reads and writes, as pytrees (what orbax saves)."""
@@ -165,7 +173,7 @@ class Trainer:
         self.mesh = mesh or data_parallel_mesh()
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-        self.initial_state = jax.device_put(
+        self.initial_state = replicate(
             TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs,
                        opt_state=optimizer.init(params)), self.replicated)
         self.train_step = jax.jit(self._train_step, donate_argnums=0)
@@ -176,6 +184,12 @@ class Trainer:
     def model(self, state: TrainState, deterministic: bool = True) -> TokenModel:
         model = nnx.merge(self.graphdef, state.params, state.rngs)
         return nnx.view(model, deterministic=deterministic)
+
+    def local_model(self, state: TrainState) -> TokenModel:
+        """The model (deterministic) with this process's copy of the replicated state on
+        one local device: decoding, figures and the export then need no other process."""
+        params, rngs = jax.tree.map(lambda x: x.addressable_data(0), (state.params, state.rngs))
+        return nnx.view(nnx.merge(self.graphdef, params, rngs), deterministic=True)
 
     def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Put a host batch on the devices, split along the batch axis.
