@@ -11,6 +11,7 @@ barrier for minutes. Here they end within --peer-timeout, each with one line:
                     the coordinator, then waits for the others to read it)
     failed_peer     the line naming a peer that posted its failure
     barrier         every process reaches a named point (one writes, the others read)
+    gather          every process's value of something
     agree           process 0's answer to "stop after this step?", the same on every process
     end             one line on stderr, then exit at once (no shutdown barrier)
 
@@ -97,6 +98,16 @@ def barrier(name: str, timeout_seconds: float = 24 * 3600) -> None:
         client().wait_at_barrier(f"{KEYS}/{name}", int(timeout_seconds * 1000))
 
 
+def gather(name: str, value: str) -> list[str]:
+    """Every process's `value`, in process order (every process calls it)."""
+    if jax.process_count() == 1:
+        return [value]
+    client().key_value_set(f"{KEYS}/{name}/{jax.process_index()}", value,
+                           allow_overwrite=True)
+    barrier(name)
+    return [value for _, value in sorted(peers_by_key(name).items())]
+
+
 def agree(step: int, request: str | None, keep: int = 1000) -> str | None:
     """Process 0's answer, the same on every process, to "stop after `step`?": the first
     of the stop requests (a signal's name, or "time") that have reached it, posted here by
@@ -146,9 +157,10 @@ class PeerWatch(threading.Thread):
                 self.leave(failure)
             now = time.monotonic()
             for peer in range(jax.process_count()):
-                if beats.get(peer) != heard.get(peer, (None, started))[0]:
+                last, since = heard.get(peer, (None, started))
+                if beats.get(peer) != last:
                     heard[peer] = beats.get(peer), now
-                elif peer != me and now - heard[peer][1] > self.timeout:
+                elif peer != me and now - since > self.timeout:
                     self.end(f"process {peer} stopped answering {self.timeout:g} s ago "
                              "(killed, crashed, or its host lost)")
 

@@ -191,18 +191,19 @@ class Trainer:
         params, rngs = jax.tree.map(lambda x: x.addressable_data(0), (state.params, state.rngs))
         return nnx.view(nnx.merge(self.graphdef, params, rngs), deterministic=True)
 
-    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Put a host batch on the devices, split along the batch axis.
+    def local_rows(self, rows: int) -> slice:
+        """The rows of a global batch of `rows` rows that this process's devices hold
+        (all of them in a one-process run)."""
+        parts = self.batch_sharding.addressable_devices_indices_map((rows,)).values()
+        return slice(min(part[0].indices(rows)[0] for part in parts),
+                     max(part[0].indices(rows)[1] for part in parts))
 
-        With several hosts, each passes the same global batch and contributes its
-        own slice of rows (every host builds the same deterministic batch plan).
-        """
+    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Put this process's rows of a batch (`local_rows`; all rows in a one-process
+        run) on its devices, as parts of global arrays split along the batch axis."""
         if jax.process_count() == 1:
             return jax.device_put(batch, self.batch_sharding)
-        rows = next(iter(batch.values())).shape[0] // jax.process_count()
-        start = jax.process_index() * rows
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding,
-                                                          v[start:start + rows])
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
                 for k, v in batch.items()}
 
     # ------------------------------------------------------------------ steps
