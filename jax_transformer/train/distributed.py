@@ -31,10 +31,11 @@ from transformer_core.errors import InputError, RunFailed
 ENVIRONMENT = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
                "num_processes": "JAX_NUM_PROCESSES", "process_id": "JAX_PROCESS_ID"}
 CLUSTERS = "a cluster JAX detects (Cloud TPU, SLURM, Open MPI)"
-# jax.distributed.initialize()'s ValueError when a setting is missing -> the setting.
-MISSING_DISTRIBUTED = {"coordinator_address should be defined": "coordinator_address",
-                       "Number of processes must be defined": "num_processes",
-                       "process id of the current process must be defined": "process_id"}
+# jax.distributed.initialize()'s ValueError when a setting is missing -> the setting, named.
+MISSING_DISTRIBUTED = {
+    "coordinator_address should be defined": ("coordinator_address", "coordinator address"),
+    "Number of processes must be defined": ("num_processes", "number of processes"),
+    "process id of the current process must be defined": ("process_id", "process id")}
 # JAX's own heartbeat ends a silent peer's run this long after train.peers would have
 # (and JAX's way is a page of runtime logs and an abort).
 HEARTBEAT_MARGIN_SECONDS = 10
@@ -91,10 +92,10 @@ def initialize(settings: TrainSettings) -> None:
                        None)
         if missing is None:
             raise
-        raise TrainError(f"--distributed: jax.distributed.initialize() found no "
-                         f"{missing.replace('_', ' ')}: give {flag(missing)} or "
-                         f"{ENVIRONMENT[missing]}, or run on {CLUSTERS}; on one host, run "
-                         "without --distributed") from None
+        name, what = missing
+        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: give "
+                         f"{flag(name)} or set {ENVIRONMENT[name]}, or run on {CLUSTERS}; on "
+                         "one host, run without --distributed") from None
     except jax.errors.JaxRuntimeError as e:
         raise TrainError(f"--distributed: could not join the run's coordinator at "
                          f"{given['coordinator_address'] or 'the cluster’s address'} "
