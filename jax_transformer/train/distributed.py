@@ -119,7 +119,7 @@ def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterato
     except BaseException as error:
         failure = peers.failed_peer()
         if failure is not None:
-            peers.end(failure)
+            peers.leave(failure)
         if isinstance(error, jax.errors.JaxRuntimeError):  # a peer gone without a word?
             time.sleep(settings.peer_timeout + 2 * peers.BEAT_SECONDS)  # the watch ends it
         watch.stop()

@@ -13,7 +13,7 @@ barrier for minutes. Here they end within --peer-timeout, each with one line:
     barrier         every process reaches a named point (one writes, the others read)
     gather          every process's value of something
     agree           process 0's answer to "stop after this step?", the same on every process
-    end             one line on stderr, then exit at once (no shutdown barrier)
+    leave           one line on stderr, then exit at once (no shutdown barrier)
 
 The keys live in the coordination service's key-value store, under KEYS.
 """
@@ -38,16 +38,6 @@ _ending = threading.Lock()  # one line per process, from whichever thread ends i
 def client():
     """JAX's client of the coordination service (jax.distributed.initialize made it)."""
     return jax_distributed.global_state.client
-
-
-def end(line: str, code: int = FAILED_EXIT) -> None:
-    """Write `line` on stderr and exit at once with `code`, skipping the shutdown barrier
-    (it would wait for peers that are gone). A second caller waits for the first."""
-    _ending.acquire()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.write(sys.stderr.fileno(), f"{line}\n".encode())
-    os._exit(code)
 
 
 def processes() -> str:
@@ -130,7 +120,7 @@ def agree(step: int, request: str | None, keep: int = 1000) -> str | None:
 class PeerWatch(threading.Thread):
     """Beats for this process and watches the others' beats: a peer that posted its
     failure, a peer silent for `timeout` seconds, or a coordinator that no longer
-    answers ends this process with one line (`end`). `resume_hint()` adds where the run
+    answers ends this process with one line (`leave`). `resume_hint()` adds where the run
     can resume from."""
 
     def __init__(self, timeout: float, resume_hint: Callable[[], str]):
@@ -154,7 +144,7 @@ class PeerWatch(threading.Thread):
                 return
             failure = failed_peer()
             if failure is not None:
-                self.leave(failure)
+                leave(failure)
             now = time.monotonic()
             for peer in range(jax.process_count()):
                 last, since = heard.get(peer, (None, started))
@@ -168,16 +158,23 @@ class PeerWatch(threading.Thread):
         self.stopped.set()
 
     def end(self, what: str) -> None:
-        self.leave(f"error: {what}: {processes()} stops too; {self.resume_hint()}")
+        leave(f"error: {what}: {processes()} stops too; {self.resume_hint()}")
 
-    def leave(self, line: str) -> None:
-        """Say this process read the news (process 0 waits for it), then `end`."""
-        try:
-            client().key_value_set(f"{KEYS}/left/{jax.process_index()}", "1",
-                                   allow_overwrite=True)
-        except Exception:
-            pass
-        end(line)
+
+def leave(line: str) -> None:
+    """Say this process has read a peer's failure (process 0 waits for that before it
+    takes the coordinator down), write `line` on stderr and exit at once, skipping the
+    shutdown barrier (it would wait for peers that are gone). A second caller, on another
+    thread, waits for the first."""
+    _ending.acquire()
+    try:
+        client().key_value_set(f"{KEYS}/left/{jax.process_index()}", "1", allow_overwrite=True)
+    except Exception:  # the coordinator is gone already
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), f"{line}\n".encode())
+    os._exit(FAILED_EXIT)
 
 
 def first_line(error: BaseException) -> str:
