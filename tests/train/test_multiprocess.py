@@ -172,15 +172,32 @@ def test_a_killed_process_ends_the_other_with_one_line_and_a_resumable_checkpoin
 
 
 def test_a_one_process_checkpoint_resumes_on_two_processes(runs, tmp_path):
-    workdir = tmp_path / "run"
-    shutil.copytree(runs["one"], workdir)
-    for step in (workdir / "checkpoints").iterdir():
-        if int(step.name) > 4:
-            shutil.rmtree(step)
+    workdir = resumable_copy(runs["one"], tmp_path / "run", 4)
     launch = Launch(workdir)
     assert launch.finish() == 0, launch.stderr
     assert "resumed from step 4" in launch.stderr
     assert_close(losses(workdir), losses(runs["one"]))
+
+
+def resumable_copy(run: Path, workdir: Path, step: int) -> Path:
+    """A copy of `run` whose newest checkpoint is `step`."""
+    shutil.copytree(run, workdir)
+    for saved in (workdir / "checkpoints").iterdir():
+        if int(saved.name) > step:
+            shutil.rmtree(saved)
+    return workdir
+
+
+def test_a_time_budget_spent_on_one_process_stops_both(runs, tmp_path):
+    """Process 0's --time-budget is spent before the resumed run's first step; process 1,
+    with hours left, stops after the same (no) step, and both export and evaluate."""
+    workdir = resumable_copy(runs["two"], tmp_path / "run", 4)
+    launch = Launch(workdir, "--time-budget", "{process}0000.001")  # 0.001 s and 10000 s
+    assert launch.finish() == 0, launch.stderr
+    assert "--time-budget 0.001 s ran out before this run's first step" in launch.stderr
+    assert launch.out.read_text().count('"step": 4,') == 2  # each process's summary
+    assert json.loads((workdir / "eval.json").read_text())["training"]["stopped_by"] == \
+        "time_budget"
 
 
 def test_an_error_in_one_process_ends_both_and_is_shown_once(tmp_path):
