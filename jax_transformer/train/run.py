@@ -64,7 +64,8 @@ class TrainingRun:
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
         "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
-        and which checkpoint a resume starts from (disk_full.py)."""
+        and which checkpoint a resume starts from (disk_full.py). --distributed: this
+        process joins the others first, and ends with them (train.distributed)."""
         disk_full.quiet_echoes()
         settings = self.settings.train
         distributed.check_environment(settings)
@@ -321,14 +322,16 @@ class TrainingRun:
                     self.trainer.local_model(state).save_pretrained(tmp)
                     names = finetune.copy_tokenizer(self.workdir, tmp)
                 else:
-                    self.trainer.local_model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
+                    self.trainer.local_model(state).save_pretrained(
+                        tmp, tokenizer=self.tokenizer.path)
                     names = [self.tokenizer.path.name]
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")
 
     def evaluate(self, state, report: dict) -> dict:
         """Held-out losses and the task's test evaluation (the test set decoded); writes
-        eval.json (with this process's training `report`) and the figures."""
+        eval.json (with this process's training `report` and every process's digest of the
+        trained state) and the figures."""
         model = self.trainer.local_model(state)
         results = {"step": int(state.step), "training": {**report, **replicas(state)}}
         for split in ("dev", "test"):

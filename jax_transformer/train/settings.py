@@ -334,8 +334,8 @@ class TrainSettings:
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "coordinator_address", "num_processes",
-                               "process_id", "peer_timeout", "quiet", "tensorboard", "compile_cache",
-                               "time_budget", "init_from"})
+                               "process_id", "peer_timeout", "quiet", "tensorboard",
+                               "compile_cache", "time_budget", "init_from"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
