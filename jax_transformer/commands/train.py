@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from simple_parsing import ArgumentParser, DashVariant
@@ -116,8 +117,16 @@ def parse_args(argv=None) -> RunSettings:
 
 def main(argv=None) -> int:
     """The command line; returns the exit code (exit_codes: 2 for bad input, 1 for a
-    failed run, 130 / 143 after SIGINT / SIGTERM, the step saved)."""
-    return exit_codes.run(train, argv)
+    failed run, 130 / 143 after SIGINT / SIGTERM, the step saved). A process of a
+    --distributed run that failed leaves at once: JAX's shutdown barrier would wait
+    minutes for peers that stop too (docs/distributed.md)."""
+    code = exit_codes.run(train, argv)
+    jax = sys.modules.get("jax")  # loaded by a run, not by bad flags
+    if code in (1, 2) and jax is not None and jax.distributed.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def train(argv=None) -> int:

@@ -37,7 +37,7 @@ import bisect
 import collections
 import functools
 import hashlib
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -220,9 +220,19 @@ class PackedBatches:
             fill["src_real_fraction"] = src / src_slots
         return fill
 
-    def make_batch(self, shape: int, rows: list[list[int]]) -> dict[str, np.ndarray]:
-        """Lay the given rows of examples out as one batch of row shape `shape`."""
+    def make_batch(self, shape: int, rows: list[list[int]],
+                   local_rows: Callable[[int], slice] | None = None) -> dict[str, np.ndarray]:
+        """Lay the given rows of examples out as one batch of row shape `shape`; with
+        `local_rows` (a batch's row count -> the rows this process feeds) only those rows
+        of it, as a process of a several-host run builds its part of a global batch."""
         R, (S, T) = self.rows_per_batch[shape], self.row_shapes[shape]
+        if local_rows is not None:
+            start, stop, _ = local_rows(R).indices(R)
+            R, rows = stop - start, rows[start:stop]
+        if not rows:  # a part past the end of a short last batch: padding alone
+            return {key: np.full((R, S if key.startswith("src") else T),
+                                 self.pad_id if key in ("src", "tgt_in", "tgt_out") else 0,
+                                 np.int32) for key in self.keys}
         examples = np.array([i for row in rows for i in row])  # (n,) in row order
         sizes = [len(row) for row in rows]
         row_of = np.repeat(np.arange(len(rows)), sizes)  # (n,) each example's row
@@ -256,14 +266,21 @@ class PackedBatches:
             batch[f"{side}_positions"] = lay_out(within)
         return {key: batch[key] for key in self.keys}
 
-    def epoch(self, epoch: int = 0) -> Iterator[dict[str, np.ndarray]]:
-        """One pass over the split (e.g. for evaluation)."""
+    def epoch(self, epoch: int = 0, local_rows: Callable[[int], slice] | None = None
+              ) -> Iterator[dict[str, np.ndarray]]:
+        """One pass over the split (e.g. for evaluation); `local_rows` as in make_batch."""
         for shape, rows in self.epoch_plan(epoch):
-            yield self.make_batch(shape, rows)
+            yield self.make_batch(shape, rows, local_rows)
 
-    def iterator(self, state: dict | None = None) -> "BatchIterator":
-        """An endless iterator over epochs 0, 1, 2, ..., or from a saved `state`."""
-        iterator = BatchIterator(self)
+    def target_tokens(self, rows: list[list[int]]) -> int:
+        """The real target tokens (labels that are not padding) of a batch of `rows`."""
+        return int(sum(self.tgt_needed[row].sum() for row in rows))
+
+    def iterator(self, state: dict | None = None,
+                 local_rows: Callable[[int], slice] | None = None) -> "BatchIterator":
+        """An endless iterator over epochs 0, 1, 2, ..., or from a saved `state`;
+        `local_rows` as in make_batch."""
+        iterator = BatchIterator(self, local_rows)
         if state is not None:
             iterator.set_state(state)
         return iterator
@@ -299,16 +316,19 @@ class BatchIterator:
     settings, and say which (BatchMultipleChanged: another device count).
     """
 
-    def __init__(self, batches: PackedBatches):
-        self.batches = batches
+    def __init__(self, batches: PackedBatches, local_rows: Callable[[int], slice] | None = None):
+        self.batches, self.local_rows = batches, local_rows
         self.epoch, self.index = 0, 0
+        self.target_tokens = 0  # real target tokens of the (whole) batches served so far
 
     def __iter__(self) -> "BatchIterator":
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
         plan = self.batches.epoch_plan(self.epoch)
-        batch = self.batches.make_batch(*plan[self.index])
+        shape, rows = plan[self.index]
+        batch = self.batches.make_batch(shape, rows, self.local_rows)
+        self.target_tokens += self.batches.target_tokens(rows)
         self.index += 1
         if self.index == len(plan):
             self.epoch, self.index = self.epoch + 1, 0

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from jax_transformer.model import TokenModel, build_model
+from jax_transformer.train import peers
 from jax_transformer.train.step import TrainState
 from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig
@@ -59,6 +60,8 @@ class Checkpointer:
         if clean_up and jax.process_index() == 0 and directory.is_dir():
             for unfinished in directory.glob(f"*{UNFINISHED_SAVE}*"):
                 shutil.rmtree(unfinished, ignore_errors=True)
+        if clean_up:  # the other processes look at the directory once it is clean
+            peers.barrier("unfinished saves removed")
         self.manager = ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep, enable_async_checkpointing=async_save))

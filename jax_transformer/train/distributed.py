@@ -1,36 +1,144 @@
-"""Several hosts: joining JAX's multi-controller runtime (train.py --distributed)."""
+"""Several processes as one run (train.py --distributed): joining JAX's multi-controller
+runtime, and ending together when one process fails or dies (train.peers).
+
+    check_environment(settings)  refuse JAX_NUM_PROCESSES > 1 without --distributed
+    initialize(settings)         jax.distributed.initialize() with the coordinator's
+                                 settings (flags, else JAX_* variables, else the cluster's)
+                                 and timeouts that let train.peers act first
+    together(settings, hint)     around the run: watch the peers; an error ends every
+                                 process at once, shown once
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
 import jax
 
-from jax_transformer.train.settings import TrainError
+from jax_transformer import signals
+from jax_transformer.train import peers
+from jax_transformer.train.checkpoints import CHECKPOINTS, complete_steps
+from jax_transformer.train.settings import TrainError, TrainSettings, flag
+from transformer_core.errors import InputError, RunFailed
 
-# jax.distributed.initialize()'s ValueError when a setting is missing -> (the setting,
-# where JAX looks for it). Outside a cluster JAX detects, it reads only the coordinator's
-# address from the environment.
-CLUSTERS = "a cluster it detects (Cloud TPU, SLURM, Open MPI)"
+# The coordinator's settings: the flag's field -> the environment variable read without it.
+# jax.distributed.initialize() reads only the first itself.
+ENVIRONMENT = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
+               "num_processes": "JAX_NUM_PROCESSES", "process_id": "JAX_PROCESS_ID"}
+CLUSTERS = "a cluster JAX detects (Cloud TPU, SLURM, Open MPI)"
+# jax.distributed.initialize()'s ValueError when a setting is missing -> the setting, named.
 MISSING_DISTRIBUTED = {
-    "coordinator_address should be defined": (
-        "coordinator address", f"JAX_COORDINATOR_ADDRESS is not set and this is not {CLUSTERS}"),
-    "Number of processes must be defined": (
-        "number of processes", f"JAX takes it from {CLUSTERS}, and this is not one"),
-    "process id of the current process must be defined": (
-        "process id", f"JAX takes it from {CLUSTERS}, and this is not one"),
-}
+    "coordinator_address should be defined": ("coordinator_address", "coordinator address"),
+    "Number of processes must be defined": ("num_processes", "number of processes"),
+    "process id of the current process must be defined": ("process_id", "process id")}
+# JAX's own heartbeat ends a silent peer's run this long after train.peers would have
+# (and JAX's way is a page of runtime logs and an abort).
+HEARTBEAT_MARGIN_SECONDS = 10
 
 
-def initialize() -> None:
-    """jax.distributed.initialize() with its settings from the environment; a setting it
-    cannot find is a TrainError naming it (JAX's own message names an argument train.py
-    does not have)."""
+def coordinates(settings: TrainSettings,
+                environ: Mapping[str, str] = os.environ) -> dict[str, str | int | None]:
+    """The coordinator's settings this process was given: each flag, else its JAX_*
+    variable, else None (JAX then asks the cluster). Numbers are checked."""
+    given = {}
+    for name, variable in ENVIRONMENT.items():
+        value, source = getattr(settings, name), flag(name)
+        if value is None and environ.get(variable):
+            value, source = environ[variable], variable
+            if name != "coordinator_address":
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise TrainError(f"{variable} must be a whole number, got "
+                                     f"{value!r}") from None
+        given[name] = value
+        given[f"{name}_source"] = source
+    count, index = given["num_processes"], given["process_id"]
+    if count is not None and count < 1:
+        raise TrainError(f"{given['num_processes_source']} must be at least 1, got {count}")
+    if index is not None and not (0 <= index and (count is None or index < count)):
+        raise TrainError(f"{given['process_id_source']} must be from 0 to "
+                         f"{'the number of processes - 1' if count is None else count - 1}, "
+                         f"got {index}")
+    return given
+
+
+def check_environment(settings: TrainSettings, environ: Mapping[str, str] = os.environ) -> None:
+    """A process the environment places among several (a launcher, a job script) needs
+    --distributed: without it, each would train alone in the same work directory."""
+    count = environ.get("JAX_NUM_PROCESSES", "")
+    if not settings.distributed and count.isdigit() and int(count) > 1:
+        raise TrainError(f"JAX_NUM_PROCESSES={count} places this process in a run of "
+                         f"{count} processes: add --distributed (or unset it)")
+
+
+def initialize(settings: TrainSettings) -> None:
+    """Join the run: jax.distributed.initialize() with this process's coordinates and a
+    heartbeat timeout HEARTBEAT_MARGIN_SECONDS past --peer-timeout. A setting it cannot
+    find, or a coordinator it cannot reach, is a TrainError naming the flag."""
+    given = coordinates(settings)
     try:
-        jax.distributed.initialize()
+        jax.distributed.initialize(
+            coordinator_address=given["coordinator_address"],
+            num_processes=given["num_processes"], process_id=given["process_id"],
+            heartbeat_timeout_seconds=int(settings.peer_timeout) + HEARTBEAT_MARGIN_SECONDS)
     except ValueError as e:
-        missing = next((found for text, found in MISSING_DISTRIBUTED.items() if text in str(e)),
+        missing = next((name for text, name in MISSING_DISTRIBUTED.items() if text in str(e)),
                        None)
         if missing is None:
             raise
-        what, why = missing
-        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: {why}; "
-                         "on one host, run without --distributed") from None
+        name, what = missing
+        raise TrainError(f"--distributed: jax.distributed.initialize() found no {what}: give "
+                         f"{flag(name)} or set {ENVIRONMENT[name]}, or run on {CLUSTERS}; on "
+                         "one host, run without --distributed") from None
+    except jax.errors.JaxRuntimeError as e:
+        raise TrainError(f"--distributed: could not join the run's coordinator at "
+                         f"{given['coordinator_address'] or 'the cluster’s address'} "
+                         f"({peers.first_line(e)}); are all processes started, and is process "
+                         "0 reachable there?") from None
+
+
+@contextlib.contextmanager
+def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterator[None]:
+    """Run the block on every process; a PeerWatch ends this one when a peer fails or
+    dies. An error here is posted for the peers and re-raised, for the command to show
+    and exit at once (its traceback printed first if it is a bug, not bad input); an
+    error from a collective a vanished peer broke waits for the watch's verdict."""
+    watch = peers.PeerWatch(settings.peer_timeout, resume_hint)
+    watch.start()
+    try:
+        yield
+    except signals.Interrupted:  # every process stopped after the same step
+        watch.stop()
+        raise
+    except BaseException as error:
+        failure = peers.failed_peer()
+        if failure is not None:
+            peers.leave(failure)
+        if isinstance(error, jax.errors.JaxRuntimeError):  # a peer gone without a word?
+            time.sleep(settings.peer_timeout + 2 * peers.BEAT_SECONDS)  # the watch ends it
+        watch.stop()
+        expected = isinstance(error, (InputError, RunFailed, OSError))
+        peers.post_failure("bad input" if isinstance(error, (InputError, OSError)) else
+                           "the run failed" if isinstance(error, RunFailed) else
+                           "an unexpected error")
+        if expected:
+            raise
+        traceback.print_exc()
+        raise RunFailed(f"{peers.processes()} failed: {type(error).__name__}: "
+                        f"{peers.first_line(error)} (traceback above)") from None
+    watch.stop()
+
+
+def resume_hint(workdir: Path) -> str:
+    """Where a run stopped by a lost process resumes from."""
+    steps = complete_steps(workdir)
+    if not steps:
+        return "no checkpoint was saved yet"
+    return (f"the newest complete checkpoint is step {steps[-1]} in {workdir / CHECKPOINTS}: "
+            "start the same command on every process to resume from it")

@@ -18,7 +18,7 @@ def heldout_loss(trainer, state, batches: PackedBatches) -> dict:
     """Over one pass, per target token: the label-smoothed loss (what training
     minimises), the negative log-likelihood in nats and its perplexity exp(nll)."""
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
-    for batch in batches.epoch(0):
+    for batch in batches.epoch(0, trainer.local_rows):
         metrics = trainer.eval_step(state, trainer.shard_batch(batch))
         loss_sum += float(metrics["loss_sum"])
         nll_sum += float(metrics["nll_sum"])

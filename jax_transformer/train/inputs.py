@@ -14,6 +14,7 @@ from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import UNKNOWN_SHARE, count_many_unknown, train_tokenizer
 from jax_transformer.data.packing import (BatchMultipleChanged, PackedBatches, fitting_row_shape,
                                           positions_needed)
+from jax_transformer.train import peers
 from jax_transformer.train.settings import DataSettings, TrainError
 from jax_transformer.train.task import TASKS
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
@@ -36,17 +37,21 @@ def load_corpus(data: DataSettings, seed: int) -> dict[str, list]:
 
 def load_tokenizer(workdir: Path, examples, data: DataSettings, seed: int,
                    resuming: bool) -> Tokenizer:
-    """The run's tokenizer: trained once on the training pairs (or lines), reused on
-    resume."""
+    """The run's tokenizer: trained once on the training pairs (or lines) by process 0,
+    which the other processes wait for and read; reused on resume."""
     path = workdir / TOKENIZER_FILE
     if resuming and path.exists():
         tokenizer = Tokenizer(path)
-    else:
+    elif jax.process_index() == 0:
         try:
             tokenizer = train_tokenizer(examples, path, vocab_size=data.vocab_size,
                                         model_type=data.tokenizer_type, seed=seed)
         except TokenizerError as e:
             raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
+        peers.barrier("tokenizer written")
+    else:  # another host's process reads the one process 0 trained
+        peers.barrier("tokenizer written")
+        tokenizer = Tokenizer(path)
     log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
     return tokenizer
 

@@ -7,7 +7,8 @@ to that step. A time budget (--time-budget) stops the run the same way once its
 deadline has passed. A second signal exits at once (`signals.exit_at_once`): the step is
 abandoned, the newest checkpoint on disk is the last one saved (orbax renames
 a checkpoint into place only when it is complete), and a resume drops the
-metrics past it. On several hosts, all processes stop after the same step.
+metrics past it. On several hosts, all processes stop after the same step, without waiting for
+the devices: process 0 decides through JAX's coordination service (train.peers).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import time
 from typing import Iterator
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
 from jax_transformer import signals
+from jax_transformer.train import peers
+
+TIME = "time"  # the stop request of a process past --time-budget's deadline
+STOP_SIGNALS = {signal.Signals(signum).name: signum for signum in signals.STOP_SIGNALS}
 
 
 class StopRequests:
@@ -44,15 +47,19 @@ class StopRequests:
                                    "once it is saved (send it again to stop at once without "
                                    "saving)")
 
-    def agreed(self) -> bool:
-        """Whether to stop now: any process received a signal or passed the deadline (a
-        collective on several hosts)."""
-        requests = np.array([self.signum is not None,
-                             self.deadline is not None and time.monotonic() >= self.deadline])
+    def agreed(self, step: int) -> bool:
+        """Whether to stop after `step`: this process received a signal or passed the
+        deadline; on several hosts, any process did, and every process gets process 0's
+        answer for this step (train.peers.agree), so all stop after the same step."""
+        request = (signal.Signals(self.signum).name if self.signum is not None else
+                   TIME if self.deadline is not None and time.monotonic() >= self.deadline
+                   else None)
         if jax.process_count() > 1:
-            requests = np.any(multihost_utils.process_allgather(requests), axis=0)
-        self.out_of_time = bool(requests[1])
-        return bool(np.any(requests))
+            request = peers.agree(step, request)
+        if request in STOP_SIGNALS:  # a peer's signal stops this process as its own would
+            self.signum = STOP_SIGNALS[request]
+        self.out_of_time = request == TIME
+        return request is not None
 
 
 @contextlib.contextmanager

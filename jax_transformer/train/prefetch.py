@@ -15,33 +15,33 @@ import collections
 import concurrent.futures
 from typing import Callable, NamedTuple
 
-import numpy as np
-
 AHEAD = 2  # updates in flight
 
 
 class Update(NamedTuple):
     """One optimizer update's input, on the devices."""
     micro_batches: list  # --accumulate sharded batches
-    tokens: int  # real target tokens (labels that are not padding), counted on the host
+    tokens: int  # real target tokens (labels that are not padding) of the whole batches
     data_state: dict  # the iterator's position after these batches
 
 
 class Prefetcher:
     """Iterates Updates of `accumulate` micro-batches each from `batches` (a
-    packing.BatchIterator), `ahead` of use; `put` places a host batch on the devices."""
+    packing.BatchIterator, which builds this process's rows of each batch), `ahead` of
+    use; `put` places them on this process's devices as parts of global arrays."""
 
-    def __init__(self, batches, put: Callable[[dict], dict], accumulate: int, pad_id: int,
+    def __init__(self, batches, put: Callable[[dict], dict], accumulate: int,
                  ahead: int = AHEAD):
-        self.batches, self.put, self.accumulate, self.pad_id = batches, put, accumulate, pad_id
+        self.batches, self.put, self.accumulate = batches, put, accumulate
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                           thread_name_prefix="prefetch")
         self.in_flight = collections.deque(self.pool.submit(self.build) for _ in range(ahead))
 
     def build(self) -> Update:
+        before = self.batches.target_tokens
         host = [next(self.batches) for _ in range(self.accumulate)]
-        tokens = sum(int(np.count_nonzero(batch["tgt_out"] != self.pad_id)) for batch in host)
-        return Update([self.put(batch) for batch in host], tokens, self.batches.get_state())
+        return Update([self.put(batch) for batch in host], self.batches.target_tokens - before,
+                      self.batches.get_state())
 
     def __iter__(self):
         return self

@@ -33,6 +33,7 @@ from jax_transformer.train import (compiling, disk_full, distributed, evaluation
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
+from jax_transformer.train.report import replicas, training_report
 from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
@@ -63,8 +64,19 @@ class TrainingRun:
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
         "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
-        and which checkpoint a resume starts from (disk_full.py)."""
+        and which checkpoint a resume starts from (disk_full.py). --distributed: this
+        process joins the others first, and ends with them (train.distributed)."""
         disk_full.quiet_echoes()
+        settings = self.settings.train
+        distributed.check_environment(settings)
+        if not settings.distributed:
+            return self._run_or_disk_full()
+        distributed.initialize(settings)
+        with distributed.together(settings, lambda: distributed.resume_hint(
+                Path(settings.workdir))):
+            return self._run_or_disk_full()
+
+    def _run_or_disk_full(self) -> dict:
         try:
             return self._run()
         except Exception as error:
@@ -75,8 +87,6 @@ class TrainingRun:
 
     def _run(self) -> dict:
         settings = self.settings.train
-        if settings.distributed:
-            distributed.initialize()
         compiling.use_compilation_cache(settings.compile_cache, warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
@@ -173,7 +183,7 @@ class TrainingRun:
         settings, checkpointer = self.settings.train, self.checkpointer
         compiled_before = compiling.CompileCounter.snapshot()
         state = self.trainer.initial_state
-        batches = self.batches["train"].iterator()
+        batches = self.batches["train"].iterator(local_rows=self.trainer.local_rows)
         if self.resuming:
             state, data_state = checkpointer.restore_newest_intact(state, warn=log)
             set_data_position(batches, data_state, self.settings.data, int(state.step))
@@ -185,8 +195,7 @@ class TrainingRun:
                                  tensorboard=self.workdir / TENSORBOARD_DIR
                                  if settings.tensorboard else None)
         ahead_seconds = self.compile_ahead(state, step)
-        updates = Prefetcher(batches, self.trainer.shard_batch, settings.accumulate,
-                             self.trainer.pad_id)
+        updates = Prefetcher(batches, self.trainer.shard_batch, settings.accumulate)
         data_state = batches.get_state()  # the position of the batches trained on so far
         real_tokens, started = 0, time.time()
         seconds_before_training = time.monotonic() - self.started
@@ -220,7 +229,7 @@ class TrainingRun:
                     progress.update(1)
                 return read[-1].loss if read else None
 
-            while step < settings.steps and not stops.agreed():
+            while step < settings.steps and not stops.agreed(step):
                 began = time.time()  # the budget had time left: this step starts
                 update = next(updates)
                 state, metrics = self.step(state, update.micro_batches)
@@ -252,8 +261,8 @@ class TrainingRun:
             raise signals.Interrupted(f"{signal.Signals(stops.signum).name}: saved step "
                                       f"{step} in {checkpointer.manager.directory}; "
                                       "run the same command to resume", stops.signum)
-        report = self.training_report(
-            steps=step - start_step, compiled_before=compiled_before,
+        report = training_report(
+            self.batches["train"], steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
             seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time,
             host_seconds=host_seconds)
@@ -307,46 +316,26 @@ class TrainingRun:
                      else "no checkpoint was written")
             raise TrainingDiverged(f"{e}; {where}") from None
 
-    def training_report(self, *, steps: int, compiled_before, ahead_seconds: float,
-                        seconds: float, real_tokens: int, seconds_before_training: float,
-                        out_of_time: bool, host_seconds: list[float]) -> dict:
-        """eval.json's "training": batches, compiling, speed, what stopped the run.
-        host_seconds_per_step: the loop's own time per step (median), taking the
-        prefetched batch and dispatching the step, while the devices run the steps
-        before it."""
-        fill = self.batches["train"].fill()
-        return {"batch_shapes": self.batches["train"].shapes(),
-                "real_token_fraction": round(fill["real_fraction"], 4),
-                "tgt_tokens_per_batch": round(fill["tgt_tokens_per_batch"], 1),
-                "compile_ahead_seconds": round(ahead_seconds, 2),
-                "compiled": compiling.CompileCounter.since(compiled_before),
-                "steps": steps,
-                "tgt_tokens_per_s": round(real_tokens / max(seconds, 1e-9), 1),
-                "host_seconds_per_step": (round(float(np.median(host_seconds)), 4)
-                                          if host_seconds else None),
-                "seconds_before_training": round(seconds_before_training, 3),
-                "stopped_by": "time_budget" if out_of_time else "steps",
-                "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
-                                             or {}).get("peak_bytes_in_use")}
-
     def export(self, state) -> None:
         """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
         if self.primary:  # whole or not at all: a failure keeps the earlier export
             with directory_written_whole(self.workdir / "export") as tmp:
                 if self.init is not None:  # the tokenizer files it came with
-                    self.trainer.model(state).save_pretrained(tmp)
+                    self.trainer.local_model(state).save_pretrained(tmp)
                     names = finetune.copy_tokenizer(self.workdir, tmp)
                 else:
-                    self.trainer.model(state).save_pretrained(tmp, tokenizer=self.tokenizer.path)
+                    self.trainer.local_model(state).save_pretrained(
+                        tmp, tokenizer=self.tokenizer.path)
                     names = [self.tokenizer.path.name]
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")
 
     def evaluate(self, state, report: dict) -> dict:
         """Held-out losses and the task's test evaluation (the test set decoded); writes
-        eval.json (with this process's training `report`) and the figures."""
-        model = self.trainer.model(state)
-        results = {"step": int(state.step), "training": report}
+        eval.json (with this process's training `report` and every process's digest of the
+        trained state) and the figures."""
+        model = self.trainer.local_model(state)
+        results = {"step": int(state.step), "training": {**report, **replicas(state)}}
         for split in ("dev", "test"):
             results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
         started = time.time()
@@ -379,7 +368,7 @@ class TrainingRun:
         state = self.trainer.initial_state
         start = {split: evaluation.heldout_loss(self.trainer, state, self.batches[split])
                  for split in ("dev", "test")}
-        decoded = self.task.evaluate_test(self.trainer.model(state), self.tokenizer,
+        decoded = self.task.evaluate_test(self.trainer.local_model(state), self.tokenizer,
                                           self.splits["test"], self.settings.train, log)
         start["test"].update(decoded["test"])
         scores = ", ".join(f"{k} {v:.4g}" for k, v in decoded["test"].items()

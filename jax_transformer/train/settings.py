@@ -283,8 +283,19 @@ class TrainSettings:
     samples: int = setting(5, "sample translations (or continuations) printed at the end")
     temperature: float = setting(0.8, "--task lm: sampling temperature of the printed "
                                       "continuations; 0 = greedy")
-    distributed: bool = setting(False, "several hosts: call jax.distributed.initialize() "
-                                       "(coordinator from the environment)")
+    distributed: bool = setting(False, "several processes (hosts) as one run: join JAX's "
+                                       "distributed runtime (docs/distributed.md); the three "
+                                       "settings below, else JAX_COORDINATOR_ADDRESS, "
+                                       "JAX_NUM_PROCESSES, JAX_PROCESS_ID, else the cluster's "
+                                       "(Cloud TPU, SLURM, Open MPI)")
+    coordinator_address: str | None = setting(None, "--distributed: HOST:PORT where process 0 "
+                                              "serves the coordinator", metavar="HOST:PORT")
+    num_processes: int | None = setting(None, "--distributed: how many processes the run has")
+    process_id: int | None = setting(None, "--distributed: this process's number, 0 to "
+                                     "--num-processes - 1")
+    peer_timeout: float = setting(20.0, "--distributed: a process that stops answering for "
+                                        "this many seconds ends the run on every process",
+                                  metavar="SECONDS")
     quiet: bool = setting(False, "no progress bar")
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
                                       "for `tensorboard --logdir WORKDIR`")
@@ -320,6 +331,13 @@ class TrainSettings:
         require(0 <= self.seed <= MAX_SEED, f"--seed must be from 0 to {MAX_SEED}, "
                                             f"got {self.seed}")
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
+        require(self.peer_timeout > 0, f"--peer-timeout must be positive (seconds), "
+                                       f"got {self.peer_timeout}")
+        coordinates = [flag(name) for name in ("coordinator_address", "num_processes",
+                                               "process_id") if getattr(self, name) is not None]
+        require(self.distributed or not coordinates,
+                f"{' '.join(coordinates)} place this process in a distributed run: add "
+                "--distributed")
 
 
 # Settings that only steer how long / how visibly a run goes; the others must
@@ -327,8 +345,9 @@ class TrainSettings:
 # fingerprint, recorded by the run as "init_from_fingerprint", must match.)
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every", "keep",
                                "beam", "decode_batch_size", "samples", "temperature",
-                               "distributed", "quiet", "tensorboard", "compile_cache",
-                               "time_budget", "init_from"})
+                               "distributed", "coordinator_address", "num_processes",
+                               "process_id", "peer_timeout", "quiet", "tensorboard",
+                               "compile_cache", "time_budget", "init_from"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",

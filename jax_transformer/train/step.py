@@ -133,6 +133,14 @@ def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
                          axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def replicate(tree, sharding: NamedSharding):
+    """This process's `tree` (the same on every process) as arrays of `sharding`; with
+    several processes by a compiled copy, since device_put reaches local devices only."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.jit(lambda t: t, out_shardings=sharding)(tree)
+
+
 @dataclasses.dataclass
 class TrainState:
     """Everything a step reads and writes, as pytrees (what orbax saves)."""
@@ -165,7 +173,7 @@ class Trainer:
         self.mesh = mesh or data_parallel_mesh()
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
         self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-        self.initial_state = jax.device_put(
+        self.initial_state = replicate(
             TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs,
                        opt_state=optimizer.init(params)), self.replicated)
         self.train_step = jax.jit(self._train_step, donate_argnums=0)
@@ -177,18 +185,25 @@ class Trainer:
         model = nnx.merge(self.graphdef, state.params, state.rngs)
         return nnx.view(model, deterministic=deterministic)
 
-    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Put a host batch on the devices, split along the batch axis.
+    def local_model(self, state: TrainState) -> TokenModel:
+        """The model (deterministic) with this process's copy of the replicated state on
+        one local device: decoding, figures and the export then need no other process."""
+        params, rngs = jax.tree.map(lambda x: x.addressable_data(0), (state.params, state.rngs))
+        return nnx.view(nnx.merge(self.graphdef, params, rngs), deterministic=True)
 
-        With several hosts, each passes the same global batch and contributes its
-        own slice of rows (every host builds the same deterministic batch plan).
-        """
+    def local_rows(self, rows: int) -> slice:
+        """The rows of a global batch of `rows` rows that this process's devices hold
+        (all of them in a one-process run)."""
+        parts = self.batch_sharding.addressable_devices_indices_map((rows,)).values()
+        return slice(min(part[0].indices(rows)[0] for part in parts),
+                     max(part[0].indices(rows)[1] for part in parts))
+
+    def shard_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Put this process's rows of a batch (`local_rows`; all rows in a one-process
+        run) on its devices, as parts of global arrays split along the batch axis."""
         if jax.process_count() == 1:
             return jax.device_put(batch, self.batch_sharding)
-        rows = next(iter(batch.values())).shape[0] // jax.process_count()
-        start = jax.process_index() * rows
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding,
-                                                          v[start:start + rows])
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
                 for k, v in batch.items()}
 
     # ------------------------------------------------------------------ steps

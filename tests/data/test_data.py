@@ -257,6 +257,27 @@ def test_jit_compiles_once_per_announced_shape():
     assert count_tokens._cache_size() == len(data.shapes())
 
 
+def test_a_process_builds_only_its_rows_of_each_batch():
+    """Each of several processes lays out the rows its devices hold (here the halves of
+    4-row batches); together they are the whole batch, a short last batch's missing rows
+    padding, and the iterator counts the whole batch's target tokens."""
+    src, tgt = synthetic_examples(150)
+    data = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], batch_multiple=2,
+                         seed=1)
+    halves = [lambda rows: slice(0, rows // 2), lambda rows: slice(rows // 2, rows)]
+    whole, parts = data.iterator(), [data.iterator(local_rows=half) for half in halves]
+    plan, counted = data.epoch_plan(0), 0
+    assert min(len(rows) for _, rows in plan) <= 2  # a batch whose second half is empty
+    for _ in range(len(plan)):
+        batch = next(whole)
+        pieces = [next(part) for part in parts]
+        for key in batch:
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in pieces]), batch[key])
+        counted += int((batch["tgt_out"] != PAD_ID).sum())
+        assert whole.target_tokens == counted
+    assert all(part.target_tokens == whole.target_tokens for part in parts)
+
+
 def test_bad_packing_settings():
     src, tgt = synthetic_examples(20)
     with pytest.raises(ValueError, match="need max_tokens >= 64"):

@@ -17,7 +17,8 @@ from tests.train.runs import REPO_ROOT, TINY
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 # What jax.distributed.initialize() reads to find its coordinator and peers.
-CLUSTER_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
+CLUSTER_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                     "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri",
                      "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
 
 
@@ -39,8 +40,10 @@ def assert_one_error_line(result, code: int, *parts: str) -> str:
 
 
 @pytest.mark.parametrize("address, missing", [
-    (None, "found no coordinator address: JAX_COORDINATOR_ADDRESS is not set"),
-    ("127.0.0.1:1", "found no number of processes"),
+    (None, "found no coordinator address: give --coordinator-address or set "
+           "JAX_COORDINATOR_ADDRESS"),
+    ("127.0.0.1:1", "found no number of processes: give --num-processes or set "
+                    "JAX_NUM_PROCESSES"),
 ])
 def test_distributed_without_a_coordinator_names_what_is_missing(tmp_path, address, missing):
     """Before: `ValueError: coordinator_address should be defined.` (a traceback, exit 1)."""

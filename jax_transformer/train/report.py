@@ -1,0 +1,50 @@
+"""eval.json's "training": batches, compiling, speed, what stopped the run, and the
+processes' copies of the trained state (which must be bit for bit the same)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import jax
+import numpy as np
+
+from jax_transformer.train import compiling, peers
+
+
+def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
+                    seconds: float, real_tokens: int, seconds_before_training: float,
+                    out_of_time: bool, host_seconds: list[float]) -> dict:
+    """host_seconds_per_step: the loop's own time per step (median), taking the
+    prefetched batch and dispatching the step, while the devices run the steps
+    before it."""
+    fill = train_batches.fill()
+    return {"batch_shapes": train_batches.shapes(),
+            "real_token_fraction": round(fill["real_fraction"], 4),
+            "tgt_tokens_per_batch": round(fill["tgt_tokens_per_batch"], 1),
+            "compile_ahead_seconds": round(ahead_seconds, 2),
+            "compiled": compiling.CompileCounter.since(compiled_before),
+            "steps": steps,
+            "tgt_tokens_per_s": round(real_tokens / max(seconds, 1e-9), 1),
+            "host_seconds_per_step": (round(float(np.median(host_seconds)), 4)
+                                      if host_seconds else None),
+            "seconds_before_training": round(seconds_before_training, 3),
+            "stopped_by": "time_budget" if out_of_time else "steps",
+            "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
+                                         or {}).get("peak_bytes_in_use")}
+
+
+def state_digest(state) -> str:
+    """SHA-256 (16 hex digits) of this process's copy of the parameters and optimizer
+    state, leaf by leaf in tree order."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves((state.params, state.opt_state)):
+        digest.update(np.asarray(leaf.addressable_data(0)).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def replicas(state) -> dict:
+    """{"processes", "devices", "state_digests"}: every process's `state_digest` (a
+    gathering: every process calls it), one per process, all equal when the replicated
+    state stayed in step."""
+    return {"processes": jax.process_count(), "devices": jax.device_count(),
+            "state_digests": peers.gather("state digest", state_digest(state))}
