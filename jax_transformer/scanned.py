@@ -64,7 +64,7 @@ def scan_wanted(choice: str, backend: str) -> bool:
 
 def scan_layers(model: nnx.Module, unroll: int = 1) -> nnx.Module:
     """Make every layer stack of `model` a ScannedLayers, in place; returns `model`."""
-    for _, module in list(model.iter_modules()):
+    for _, module in list(nnx.iter_modules(model)):
         layers = getattr(module, STACKS, None)
         if isinstance(layers, nnx.List) and len(layers) > 0:
             setattr(module, STACKS, ScannedLayers(layers, unroll=unroll))
@@ -73,7 +73,7 @@ def scan_layers(model: nnx.Module, unroll: int = 1) -> nnx.Module:
 
 def is_scanned(model: nnx.Module) -> bool:
     """Whether `model` holds any ScannedLayers."""
-    return any(isinstance(module, ScannedLayers) for _, module in model.iter_modules())
+    return any(isinstance(module, ScannedLayers) for _, module in nnx.iter_modules(model))
 
 
 def is_stacked(state: nnx.State) -> bool:
