@@ -4,7 +4,9 @@ connections, encoder and decoder layers and stacks.
 Read it side by side with torch_reference/layers.py: same modules, same names,
 same steps in the same order. The operations (Linear, LayerNorm, Dropout,
 attention, project_qkv, feed_forward) come from jax_transformer/kernels,
-where their fast versions live. Shapes: B batch, S source length, T target
+where their fast versions live. The stacks run their layers one after another
+with `run_layers` (jax_transformer/scanned.py): a loop, as in torch, or one scan
+over layers stacked on a leading axis. Shapes: B batch, S source length, T target
 length, D d_model, H heads, Dh head dim, F d_ff.
 """
 
