@@ -52,10 +52,11 @@ class ScannedLayers(nnx.Module):
     def __len__(self):
         return self.num_layers
 
-    def unstacked(self) -> list[nnx.Module]:
-        """The N layers, each with its slice of the stacked variables (copies)."""
+    def __iter__(self):
+        """The N layers, each with its slice of the stacked variables: copies, for
+        decoding (Decoder.init_cache, decode_step), which changes no variable."""
         graphdef, state = nnx.split(self.stacked)
-        return [nnx.merge(graphdef, _take(state, i)) for i in range(self.num_layers)]
+        return iter([nnx.merge(graphdef, _take(state, i)) for i in range(self.num_layers)])
 
 
 def scan_wanted(choice: str, backend: str) -> bool:
@@ -86,11 +87,9 @@ def run_layers(layers, x, *args, per_layer=None):
     """x through each layer in turn, `layer(x, *args[, its item of per_layer])` ->
     (x, *outputs); returns x and, for each output, the list of its N values.
     A ScannedLayers runs as a scan, or, with `per_layer` (a decoding cache), as a
-    loop over its unstacked layers."""
-    if isinstance(layers, ScannedLayers):
-        if per_layer is None:
-            return _scan(layers, x, args)
-        layers = layers.unstacked()
+    loop over its layers' slices."""
+    if isinstance(layers, ScannedLayers) and per_layer is None:
+        return _scan(layers, x, args)
     outputs = []
     for i, layer in enumerate(layers):
         extra = () if per_layer is None else (per_layer[i],)
@@ -108,9 +107,16 @@ def _scan(layers: ScannedLayers, x, args):
         return x, (nnx.state(layer, nnx.RngState), outputs)  # the streams' advanced counters
 
     x, (streams, outputs) = jax.lax.scan(one_layer, x, state, unroll=layers.unroll)
-    nnx.update(layers.stacked, streams)
+    if _draws_dropout(layers.stacked):  # else nothing advanced (and eval may run under jit)
+        nnx.update(layers.stacked, streams)
     return x, *([None if value is None else value[i] for i in range(layers.num_layers)]
                 for value in outputs)  # (N, ...) -> a list of N
+
+
+def _draws_dropout(module: nnx.Module) -> bool:
+    """Whether running `module` draws from dropout streams (a Dropout in training mode)."""
+    return any(isinstance(m, nnx.Dropout) and not m.deterministic and m.rate > 0
+               for _, m in nnx.iter_modules(module))
 
 
 def _stack(states):
