@@ -129,7 +129,7 @@ def test_gradients_match(name, dtype, direction, scan):
     ("decoder_only_pre_ln_untied", 1, "flax_to_torch", False),
     ("decoder_only", 2, "torch_to_flax", False),
     ("encoder_only_pre_ln_learned", 1, "torch_to_flax", False),
-    ("post_ln", 2, "flax_to_torch", True), ("decoder_only_pre_ln_untied", 1, "torch_to_flax", True)])
+    ("post_ln", 2, "flax_to_torch", True), ("decoder_only_pre_ln_untied", 1, "flax_to_torch", True)])
 def test_ten_optimizer_steps_match(name, accumulate, direction, scan):
     config = ALL_CONFIGS[name].replace(dropout=0.0)
     steps, warmup, clip_norm = 10, 4, 0.25
