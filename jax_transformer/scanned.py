@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 # Whether `train.py --scan-layers auto` scans, per backend (docs/performance.md,
-# "Compile time and scanning": benchmarks/bench_compile.py's step times).
+# "Compile time and scanned layer stacks": benchmarks/bench_compile.py).
 # TPU: unmeasured here; MaxText scans there by default.
 SCAN_BY_DEFAULT = {"cpu": False, "gpu": True, "tpu": True}
 STACKS = "layers"  # the attribute of Encoder and Decoder holding their layers
