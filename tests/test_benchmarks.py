@@ -61,13 +61,13 @@ def test_bench_compile_smoke(tmp_path):
     out = tmp_path / "compile.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_compile.py"),
                     "--d-model", "32", "--heads", "2", "--d-ff", "64", "--vocab", "64",
-                    "--depths", "1", "2", "--layers", "2", "--unrolls", "1", "2",
+                    "--depths", "1", "--layers", "1", "--unrolls", "1", "2",
                     "--batch-size", "4", "--src-len", "8", "--tgt-len", "8",
                     "--compile-rounds", "1", "--warmup", "1", "--steps", "2",
                     "--out", str(out)], check=True, capture_output=True, text=True, timeout=600)
     result = json.loads(out.read_text())
     assert [(r["layers"], r["variant"]) for r in result["compile"]] == [
-        (1, "loop"), (1, "scan (unroll 1)"), (2, "loop"), (2, "scan (unroll 1)")]
+        (1, "loop"), (1, "scan (unroll 1)")]
     for row in result["compile"]:
         assert row["total_seconds"] == pytest.approx(row["lower_seconds"]
                                                      + row["compile_seconds"])
