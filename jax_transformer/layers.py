@@ -4,7 +4,9 @@ connections, encoder and decoder layers and stacks.
 Read it side by side with torch_reference/layers.py: same modules, same names,
 same steps in the same order. The operations (Linear, LayerNorm, Dropout,
 attention, project_qkv, feed_forward) come from jax_transformer/kernels,
-where their fast versions live. Shapes: B batch, S source length, T target
+where their fast versions live. The stacks run their layers one after another
+with `run_layers` (jax_transformer/scanned.py): a loop, as in torch, or one scan
+over layers stacked on a leading axis. Shapes: B batch, S source length, T target
 length, D d_model, H heads, Dh head dim, F d_ff.
 """
 
@@ -21,6 +23,7 @@ from jax_transformer.kernels.dropout import Dropout
 from jax_transformer.kernels.feed_forward import feed_forward
 from jax_transformer.kernels.layer_norm import LayerNorm
 from jax_transformer.kernels.linear import Linear
+from jax_transformer.scanned import run_layers
 from transformer_core.config import TransformerConfig
 
 
@@ -193,10 +196,7 @@ class Encoder(nnx.Module):
         self.final_norm = layer_norm(config, **kw) if config.final_norm else None
 
     def __call__(self, x, src_mask):
-        all_weights = []
-        for layer in self.layers:
-            x, weights = layer(x, src_mask)
-            all_weights.append(weights)
+        x, all_weights = run_layers(self.layers, x, src_mask)  # each layer in turn
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, all_weights
@@ -211,15 +211,11 @@ class Decoder(nnx.Module):
 
     def __call__(self, x, memory, memory_mask, tgt_mask, cache=None):
         """`cache`: while decoding (decode_step), each layer's pair of KVCaches."""
-        all_self, all_cross = [], []
-        for layer, layer_cache in zip(self.layers, cache or [None] * len(self.layers)):
-            x, self_weights, cross_weights = layer(x, memory, memory_mask, tgt_mask, layer_cache)
-            all_self.append(self_weights)
-            if cross_weights is not None:
-                all_cross.append(cross_weights)
+        x, all_self, all_cross = run_layers(self.layers, x, memory, memory_mask, tgt_mask,
+                                            per_layer=cache)  # each layer in turn
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return x, all_self, all_cross
+        return x, all_self, [weights for weights in all_cross if weights is not None]
 
     def init_cache(self, memory, max_len: int):
         return [layer.init_cache(memory, max_len) for layer in self.layers]

@@ -2,7 +2,9 @@
 
 The naming rule itself is transformer_core.checkpoint_dir.flax_path_to_torch_key
 (written once). Nothing here imports the model: it works on any nnx.Module whose
-parameter paths follow that rule and that has a `config`.
+parameter paths follow that rule and that has a `config`. A model whose layer
+stacks are scanned (jax_transformer/scanned.py) reads and writes the same
+per-layer tensors.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_transformer import scanned
 from transformer_core import checkpoint_dir
 
 
 def to_torch_state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
     """The model's parameters as torch-named, torch-layout numpy arrays."""
     tensors = {}
-    for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    params = scanned.per_layer_state(nnx.state(model, nnx.Param))
+    for path, variable in nnx.to_flat_state(params):
         key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
         value = np.asarray(variable.get_value())
         tensors[key] = np.array(value.T if transpose else value)  # writable, contiguous
@@ -34,12 +38,12 @@ def load_torch_state_dict(model: nnx.Module, state_dict: Mapping[str, object]) -
     """
     tensors = {k: _to_numpy(v) for k, v in state_dict.items()}
     checkpoint_dir.check_state_dict(tensors, model.config)
-    params = nnx.state(model, nnx.Param)
+    params = scanned.per_layer_state(nnx.state(model, nnx.Param))
     for path, variable in nnx.to_flat_state(params):
         key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
         value = tensors[key].T if transpose else tensors[key]
         variable.set_value(jnp.asarray(value))
-    nnx.update(model, params)
+    nnx.update(model, scanned.stacked_state(params) if scanned.is_scanned(model) else params)
     return model
 
 

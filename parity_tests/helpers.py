@@ -20,6 +20,7 @@ from flax import nnx
 from transformer_core.config import TransformerConfig
 from jax_transformer import model as flax_models
 from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
+from jax_transformer.scanned import scan_layers
 from torch_reference import model as torch_models
 
 # Small models covering every variant the config can express. dropout > 0 so
@@ -87,6 +88,10 @@ def to_torch(array, dtype: torch.dtype | None = None) -> torch.Tensor:
     return torch.as_tensor(np.asarray(array), dtype=dtype, device=TORCH_DEVICE)
 
 
+# The Flax model's layer stacks run as a loop or as one scan (jax_transformer/scanned.py).
+SCANNING = [pytest.param(False, id="loop"), pytest.param(True, id="scan")]
+
+
 def fast_tier(values, fast) -> list:
     """`values` as pytest parameters, all but those in `fast` marked slow: the fast
     tier (pytest -m "not slow") keeps a few cases of each check, the full suite all."""
@@ -137,9 +142,11 @@ def perturb_torch(model: torch_models.TokenModel, seed: int) -> None:
                 p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
 
 
-def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0):
+def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0,
+               scan: bool = False):
     """A Flax model in eval mode and a torch model in eval mode with the same weights,
-    initialised on one side and copied to the other."""
+    initialised on one side and copied to the other. `scan`: the Flax model's layer
+    stacks scanned (jax_transformer/scanned.py) before the weights are copied."""
     jax_dtype, torch_dtype = dtypes
     flax_model = flax_models.build_model(config, rngs=nnx.Rngs(seed), dtype=jax_dtype,
                                          param_dtype=jax_dtype)
@@ -147,9 +154,13 @@ def build_pair(config: TransformerConfig, direction: str, dtypes, seed: int = 0)
     torch_model = torch_models.build_model(config).to(torch_dtype)
     if direction == "flax_to_torch":
         perturb_flax(flax_model, seed)
+        if scan:
+            scan_layers(flax_model)
         state_dict = {k: torch.from_numpy(v) for k, v in to_torch_state_dict(flax_model).items()}
         torch_model.load_state_dict(state_dict)
     else:
+        if scan:
+            scan_layers(flax_model)
         perturb_torch(torch_model, seed)
         load_torch_state_dict(flax_model, torch_model.state_dict())
     torch_model.to(TORCH_DEVICE)

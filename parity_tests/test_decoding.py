@@ -17,8 +17,9 @@ import torch_reference
 from jax_transformer import TransformerConfig, pretrained
 from jax_transformer import decoding as jax_decoding
 from jax_transformer.model import Transformer
-from parity_tests.helpers import (TORCH_DEVICE, fast_tier, skip_unless_float64, to_numpy,
-                                  to_torch)
+from jax_transformer.scanned import scan_layers
+from parity_tests.helpers import (SCANNING, TORCH_DEVICE, fast_tier, skip_unless_float64,
+                                  to_numpy, to_torch)
 from torch_reference import decoding as torch_decoding
 from torch_reference import search as torch_search
 from transformer_core.generation import Sampling
@@ -50,9 +51,11 @@ def torch_copy(model, dtype=torch.float32):
                                                   share_embeddings=False, tie_output=False),
                                      dict(position_layout="fairseq", position_offset=2)],
                          ids=["post_norm", "pre_norm_final_norm", "fairseq_offset"])
-def test_cached_step_logits_equal_full_recompute(variant):
+@pytest.mark.parametrize("scan", SCANNING)
+def test_cached_step_logits_equal_full_recompute(variant, scan):
     config = CONFIG.replace(**variant)
-    model = nnx.view(Transformer(config, rngs=nnx.Rngs(0)), deterministic=True)
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    model = nnx.view(scan_layers(model) if scan else model, deterministic=True)
     torch_model = torch_copy(model)
     src = source_batch()
     tgt = np.random.RandomState(1).randint(4, 40, (6, 8))
@@ -201,6 +204,21 @@ def test_beam_jax_equals_torch(models, alpha):
     np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
     scores = np.asarray(jax_scores)
     assert (np.diff(scores, axis=1) <= 0).all()  # best beam first
+
+
+def test_a_scanned_model_searches_alike(models):
+    """With its layer stacks scanned (the cached steps run them in a loop), the model
+    gives torch's greedy and beam tokens, and scores within the same 1e-9."""
+    model, torch_model = models
+    model = scan_layers(nnx.clone(model))
+    for search, options in ((jax_decoding.greedy_search, {}),
+                            (jax_decoding.beam_search, {"beam_size": BEAM})):
+        jax_tokens, jax_scores = search(model, source_batch(), max_len=MAX_LEN, **options)
+        torch_tokens, torch_scores = getattr(torch_decoding, search.__name__)(
+            torch_model, source_batch(), max_len=MAX_LEN, **options)
+        np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+        np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9,
+                                   rtol=0)
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ import torch
 
 from jax_transformer import masks as jax_masks
 from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
-from parity_tests.helpers import (CONFIGS, TORCH_DEVICE, assert_close, build_pair, fast_tier,
-                                  make_batches, precision, to_numpy, to_torch)
+from parity_tests.helpers import (CONFIGS, SCANNING, TORCH_DEVICE, assert_close, build_pair,
+                                  fast_tier, make_batches, precision, to_numpy, to_torch)
 from torch_reference import masks as torch_masks
 from torch_reference.training import label_smoothed_cross_entropy as torch_loss
 
@@ -40,11 +40,12 @@ def run_both(flax_model, torch_model, src, tgt, pad_id=0):
 @pytest.mark.parametrize("name", fast_tier(list(CONFIGS), fast={  # one per weight-mapping case
     "pre_ln_final_norm", "untied_bias", "tied_bias", "unshared", "odd_width_half_split",
     "m2m100_like"}))
-def test_forward_float32(name, batch, direction):
+@pytest.mark.parametrize("scan", SCANNING)
+def test_forward_float32(name, batch, direction, scan):
     config = CONFIGS[name]
     src, tgt = make_batches(config)[batch]
     with precision("float32") as dtypes:
-        flax_model, torch_model = build_pair(config, direction, dtypes)
+        flax_model, torch_model = build_pair(config, direction, dtypes, scan=scan)
         f, t = run_both(flax_model, torch_model, src, tgt)
     assert_close(f["memory"], t["memory"], F32_HIDDEN, "encoder output")
     assert_close(f["hidden"], t["hidden"], F32_HIDDEN, "decoder output")

@@ -15,8 +15,9 @@ from transformer_core import checkpoint_dir
 from jax_transformer.data.packing import PackedBatches
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
-from parity_tests.helpers import (CONFIGS, SINGLE_STACK_CONFIGS, build_pair, fast_tier,
-                                  precision, to_numpy, to_torch)
+from jax_transformer.scanned import per_layer_state
+from parity_tests.helpers import (CONFIGS, SCANNING, SINGLE_STACK_CONFIGS, build_pair,
+                                  fast_tier, precision, to_numpy, to_torch)
 from torch_reference import training as torch_training
 
 TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared",
@@ -78,7 +79,7 @@ def jax_gradients(flax_model, batch, smoothing):
         return loss_sum / tokens
     grads = nnx.grad(loss)(flax_model)
     out = {}
-    for path, g in nnx.to_flat_state(grads):
+    for path, g in nnx.to_flat_state(per_layer_state(grads)):
         key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
         g = np.asarray(g.get_value())
         out[key] = g.T if transpose else g
@@ -88,11 +89,12 @@ def jax_gradients(flax_model, batch, smoothing):
 @pytest.mark.parametrize("dtype", fast_tier(["float64", "float32"], fast={"float64"}))
 @pytest.mark.parametrize("name", fast_tier(TRAINING_CONFIGS,
                                            fast={"untied_bias", "decoder_only_pre_ln_untied"}))
-def test_gradients_match(name, dtype, direction):
+@pytest.mark.parametrize("scan", SCANNING)
+def test_gradients_match(name, dtype, direction, scan):
     config = ALL_CONFIGS[name].replace(dropout=0.0)
     batch = make_batch(config, seed=1)
     with precision(dtype) as dtypes:
-        flax_model, torch_model = build_pair(config, direction, dtypes)
+        flax_model, torch_model = build_pair(config, direction, dtypes, scan=scan)
         grads_f = jax_gradients(flax_model, batch, smoothing=0.1)
     tb = torch_batch(batch)
     logits = torch_model(**torch_training.model_inputs(tb, config.architecture))
@@ -121,18 +123,20 @@ def test_gradients_match(name, dtype, direction):
 # Which side initialises does not matter here (test_gradients_match covers both
 # directions), nor does the config to accumulation: a few cases keep CI fast.
 @pytest.mark.slow
-@pytest.mark.parametrize("name, accumulate, direction", [
-    ("post_ln", 1, "flax_to_torch"), ("post_ln", 2, "torch_to_flax"),
-    ("pre_ln_final_norm", 1, "torch_to_flax"), ("untied_bias", 1, "flax_to_torch"),
-    ("decoder_only_pre_ln_untied", 1, "flax_to_torch"), ("decoder_only", 2, "torch_to_flax"),
-    ("encoder_only_pre_ln_learned", 1, "torch_to_flax")])
-def test_ten_optimizer_steps_match(name, accumulate, direction):
+@pytest.mark.parametrize("name, accumulate, direction, scan", [
+    ("post_ln", 1, "flax_to_torch", False), ("post_ln", 2, "torch_to_flax", False),
+    ("pre_ln_final_norm", 1, "torch_to_flax", False), ("untied_bias", 1, "flax_to_torch", False),
+    ("decoder_only_pre_ln_untied", 1, "flax_to_torch", False),
+    ("decoder_only", 2, "torch_to_flax", False),
+    ("encoder_only_pre_ln_learned", 1, "torch_to_flax", False),
+    ("post_ln", 2, "flax_to_torch", True), ("decoder_only_pre_ln_untied", 1, "flax_to_torch", True)])
+def test_ten_optimizer_steps_match(name, accumulate, direction, scan):
     config = ALL_CONFIGS[name].replace(dropout=0.0)
     steps, warmup, clip_norm = 10, 4, 0.25
     batches = [[make_batch(config, seed=10 * s + m, rows=2 + m) for m in range(accumulate)]
                for s in range(steps)]
     with precision("float64") as dtypes:
-        flax_model, torch_model = build_pair(config, direction, dtypes)
+        flax_model, torch_model = build_pair(config, direction, dtypes, scan=scan)
         trainer = jax_training.Trainer(
             flax_model, jax_training.make_optimizer(
                 jax_training.paper_schedule(config.d_model, warmup, scale=2.0), clip_norm),

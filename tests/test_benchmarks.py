@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_corpus, bench_decode, bench_train, race, report
+from benchmarks import bench_compile, bench_corpus, bench_decode, bench_train, race, report
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +54,30 @@ def test_bench_train_smoke(tmp_path):
     assert rows["torch_eager"]["speedup_vs_torch_eager"] == 1.0
     assert "| peak RSS (MiB) |" in result["markdown"]
     assert result["markdown"] in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow  # a subprocess; see pyproject.toml
+def test_bench_compile_smoke(tmp_path):
+    out = tmp_path / "compile.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_compile.py"),
+                    "--d-model", "32", "--heads", "2", "--d-ff", "64", "--vocab", "64",
+                    "--depths", "1", "--layers", "1", "--unrolls", "1", "2",
+                    "--batch-size", "4", "--src-len", "8", "--tgt-len", "8",
+                    "--compile-rounds", "1", "--warmup", "1", "--steps", "2",
+                    "--out", str(out)], check=True, capture_output=True, text=True, timeout=600)
+    result = json.loads(out.read_text())
+    assert [(r["layers"], r["variant"]) for r in result["compile"]] == [
+        (1, "loop"), (1, "scan (unroll 1)")]
+    for row in result["compile"]:
+        assert row["total_seconds"] == pytest.approx(row["lower_seconds"]
+                                                     + row["compile_seconds"])
+    steps = {row["variant"]: row for row in result["step"]}
+    assert list(steps) == ["loop", "scan (unroll 1)", "scan (unroll 2)"]
+    assert steps["loop"]["over_loop"] == 1.0
+    for row in steps.values():
+        assert row["step_seconds"] > 0 and len(row["runs"]) == 2
+    assert_cells(out.with_suffix(".md").read_text(), "scan (unroll 2)",
+                 f"{steps['scan (unroll 2)']['over_loop']:.3f}x")
 
 
 def test_results_go_to_train_gpu_json_on_a_gpu():
@@ -150,8 +174,31 @@ def race_result() -> dict:
                       "peer": race_side("Hugging Face MarianMTModel", 4838, 32.61, 0)}}
 
 
+def compile_result() -> dict:
+    rounds = {"loop": [(1.5, 20.25)], "scan (unroll 1)": [(0.5, 5.75)]}
+    return {"settings": {"d_model": 512, "heads": 8, "d_ff": 2048, "vocab": 8000,
+                         "dropout": 0.1, "dtype": "float32", "batch_size": 32, "src_len": 32,
+                         "tgt_len": 32, "depths": [6, 12], "layers": 6, "unrolls": [1, 2],
+                         "compile_rounds": 1, "warmup": 3, "steps": 10},
+            "note": "Load average at the start: 1.50 1.25 1.00.",
+            "compile": [dict(layers=layers, variant=variant, lower_seconds=lower * layers / 6,
+                             compile_seconds=xla * layers / 6,
+                             total_seconds=(lower + xla) * layers / 6, rounds=rounds[variant])
+                        for layers in (6, 12) for variant, [(lower, xla)] in rounds.items()],
+            "step": [dict(variant="loop", step_seconds=0.5123, step_cpu_seconds=0.9876,
+                          over_loop=1.0, runs=[]),
+                     dict(variant="scan (unroll 1)", step_seconds=0.5432,
+                          step_cpu_seconds=1.0123, over_loop=1.0603, runs=[])],
+            "device": "cpu: AMD EPYC 9454; 2 CPUs", "versions": {"jax": "0.10.2"}}
+
+
 # (script, results dict, cells of its tables, other text on its page)
 PAGES = {
+    "bench_compile": (bench_compile, compile_result, (
+        "6", "12", "loop", "scan (unroll 1)", "1.50", "20.25", "21.75", "6.25", "43.50",
+        "2.00x", "0.29x", "512.3", "987.6", "543.2", "1.060x", "depths", "6 12", "jax",
+        "0.10.2"), ("Load average at the start: 1.50 1.25 1.00", "d_model 512",
+                    "cpu: AMD EPYC 9454")),
     "bench_train": (bench_train, train_result, (
         "jax", "bfloat16", "bf16 operands", "1234", "568", "912", "2.00x", "321.0", "43.2%",
         "7.7%", "12.3", "2346", "peak RSS (MiB)", "MFU vs 4 TFLOP/s", "torch_compile",
@@ -231,7 +278,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
     """benchmarks/results/*.md come from their JSON by the script that wrote it, not by
     hand: after a change to a renderer, render them again with --render-only."""
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
-              "race": race}[results.stem.split("_")[0]]
+              "race": race, "compile": bench_compile}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page

@@ -26,6 +26,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from jax_transformer import scanned
 from jax_transformer.model import TokenModel, build_model
 from jax_transformer.train import peers
 from jax_transformer.train.step import TrainState
@@ -70,20 +71,30 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def save(self, state: TrainState, data_state: dict) -> None:
+        """Save `state` in the per-layer layout, whether or not its layers are scanned."""
         step = int(state.step)
+        params, rngs, opt_state = scanned.map_states(
+            scanned.per_layer_state, (state.params, state.rngs, state.opt_state))
         self.manager.save(step, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(state.params),
-            train=ocp.args.StandardSave({"step": state.step, "rngs": state.rngs,
-                                         "opt_state": state.opt_state}),
+            params=ocp.args.StandardSave(params),
+            train=ocp.args.StandardSave({"step": state.step, "rngs": rngs,
+                                         "opt_state": opt_state}),
             data=ocp.args.JsonSave(data_state)), force=True)
 
     def restore(self, like: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
-        """Restore into the structure, dtypes and shardings of `like`."""
-        restored = self._restore(step, params=like.params, data=None, train={
-            "step": like.step, "rngs": like.rngs, "opt_state": like.opt_state})
-        train = restored.train
-        state = dataclasses.replace(like, step=train["step"], params=restored.params,
-                                    rngs=train["rngs"], opt_state=train["opt_state"])
+        """Restore into the structure, dtypes and shardings of `like`, its layer stacks
+        scanned or not (the checkpoint holds the per-layer layout)."""
+        params, rngs, opt_state = scanned.map_states(
+            scanned.per_layer_state, (like.params, like.rngs, like.opt_state))
+        restored = self._restore(step, params=params, data=None, train={
+            "step": like.step, "rngs": rngs, "opt_state": opt_state})
+        params, rngs, opt_state = (restored.params, restored.train["rngs"],
+                                   restored.train["opt_state"])
+        if scanned.is_stacked(like.params):
+            params, rngs, opt_state = scanned.map_states(scanned.stacked_state,
+                                                         (params, rngs, opt_state))
+        state = dataclasses.replace(like, step=restored.train["step"], params=params,
+                                    rngs=rngs, opt_state=opt_state)
         return state, restored.data
 
     def restore_newest_intact(self, like: TrainState,

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from jax_transformer import signals
+from jax_transformer import scanned, signals
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.train import (compiling, disk_full, distributed, evaluation, finetune,
@@ -162,6 +162,9 @@ class TrainingRun:
         if init is not None and not self.resuming:  # a resume restores its own weights
             _, tensors = checkpoint_dir.load_dir(init.directory)
             load_torch_state_dict(model, {k: v.astype(np.float32) for k, v in tensors.items()})
+        scan = scanned.scan_wanted(settings.scan_layers, jax.default_backend())
+        if scan:
+            scanned.scan_layers(model, settings.scan_unroll)
         self.schedule = make_schedule(settings, config.d_model)
         optimizer = make_optimizer(self.schedule, settings.clip_norm)
         if settings.freeze == "embeddings":
@@ -171,8 +174,8 @@ class TrainingRun:
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
         log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
-            f"{config.d_model}, {layers} layers, {settings.dtype} "
-            f"compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
+            f"{config.d_model}, {layers} layers{' (scanned)' if scan else ''}, "
+            f"{settings.dtype} compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
 
     def train(self):
         """The loop: steps up to --steps, or until --time-budget has passed; metrics,

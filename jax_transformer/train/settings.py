@@ -54,6 +54,7 @@ SCHEDULES = ("paper", "constant", "inverse_sqrt")
 # linear warm-up to --lr, then 1/sqrt(step).
 FINETUNE_DEFAULTS = {"lr_schedule": "inverse_sqrt", "warmup": 100}
 FREEZE_CHOICES = ("none", "embeddings")
+SCAN_CHOICES = ("auto", "on", "off")  # --scan-layers
 
 
 class TrainError(InputError):
@@ -270,6 +271,14 @@ class TrainSettings:
     accumulate: int = setting(1, "micro-batches per update, gradients summed exactly")
     dtype: str = setting("float32", "compute dtype; parameters and optimizer state stay "
                                     "float32", choices=("float32", "bfloat16"))
+    scan_layers: str = setting(
+        "auto", "on: run each layer stack as one nnx scan over layers stacked on a leading "
+                "axis, so the step compiles in about the same time at any depth; off: a "
+                "loop, every layer compiled on its own; auto: the backend's default "
+                "(jax_transformer.scanned.SCAN_BY_DEFAULT). Checkpoints are the same either "
+                "way: a run resumes with the other setting", choices=SCAN_CHOICES)
+    scan_unroll: int = setting(1, "with scanning on, layers per iteration of the scan "
+                                  "(jax.lax.scan's unroll): more compiles longer")
     seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout "
                            f"(0 to {MAX_SEED})")
     checkpoint_every: int = setting(200, "steps between orbax checkpoints")
@@ -306,13 +315,15 @@ class TrainSettings:
 
     def __post_init__(self):
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "log_every", "beam", "decode_batch_size"):
+                     "log_every", "beam", "decode_batch_size", "scan_unroll"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
         require(self.lr > 0, f"--lr must be positive, got {self.lr}")
         require(self.lr_schedule in SCHEDULES, f"--lr-schedule must be one of "
                                                f"{', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
+        require(self.scan_layers in SCAN_CHOICES, f"--scan-layers must be one of "
+                f"{', '.join(SCAN_CHOICES)}, got {self.scan_layers!r}")
         require(self.freeze in FREEZE_CHOICES, f"--freeze must be one of "
                                                f"{', '.join(FREEZE_CHOICES)}, got {self.freeze!r}")
         require(self.time_budget is None or self.time_budget > 0,
@@ -347,7 +358,8 @@ RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "c
                                "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "coordinator_address", "num_processes",
                                "process_id", "peer_timeout", "quiet", "tensorboard",
-                               "compile_cache", "time_budget", "init_from"})
+                               "compile_cache", "time_budget", "init_from", "scan_layers",
+                               "scan_unroll"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",

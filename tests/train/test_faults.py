@@ -92,13 +92,14 @@ def reference(tmp_path_factory) -> Path:
     return workdir
 
 
-def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
-    """TRIALS runs of train.py on `workdir`, each sent `signum` at a seeded random moment
-    and sometimes a second time; checks each stop; returns the steps saved."""
+def interrupt_at_random_moments(workdir: Path, signum: int, *extra: str) -> list[int]:
+    """TRIALS runs of train.py on `workdir` (with the flags `extra`), each sent `signum`
+    at a seeded random moment and sometimes a second time; checks each stop; returns
+    the steps saved."""
     rng = random.Random(signum)
     saved_steps = []
     for trial in range(TRIALS):
-        process = TrainProcess(workdir, "--steps", str(STEPS), "--checkpoint-every", "1")
+        process = TrainProcess(workdir, "--steps", str(STEPS), "--checkpoint-every", "1", *extra)
         moment = rng.random()
         if moment < 0.2:  # start-up: imports, corpus, tokenizer
             time.sleep(rng.uniform(0.2, 2.5))
@@ -130,18 +131,30 @@ def interrupt_at_random_moments(workdir: Path, signum: int) -> list[int]:
     return saved_steps
 
 
+@pytest.fixture(scope="module")
+def scanned_reference(tmp_path_factory) -> Path:
+    """The uninterrupted run, its layer stacks scanned."""
+    workdir = tmp_path_factory.mktemp("scanned_reference")
+    tiny_run(workdir, "--steps", str(STEPS), "--scan-layers", "on")
+    return workdir
+
+
 @pytest.mark.slow
-def test_signals_at_random_moments_leave_runs_that_resume_exactly(reference, tmp_path):
+@pytest.mark.parametrize("scan", ["off", "on"])
+def test_signals_at_random_moments_leave_runs_that_resume_exactly(request, scan, tmp_path):
     """SIGTERM and SIGINT, TRIALS seeded random moments each (the two series run side
     by side): start-up, compiling ahead, stepping, evaluating, saving (a checkpoint every
     step), and sometimes a second signal that abandons the step. Every stop exits
     128 + the signal number with one line, no traceback; a saved step has its data
     position and its metrics lines; each run then resumes and ends with the
-    uninterrupted run's train and dev losses, bit for bit."""
+    uninterrupted run's train and dev losses, bit for bit. With the layer stacks
+    looped and scanned (--scan-layers)."""
+    reference = request.getfixturevalue("reference" if scan == "off" else "scanned_reference")
+
     def series(signum):
         workdir = tmp_path / signal.Signals(signum).name
-        saved_steps = interrupt_at_random_moments(workdir, signum)
-        finished = TrainProcess(workdir, "--steps", str(STEPS))
+        saved_steps = interrupt_at_random_moments(workdir, signum, "--scan-layers", scan)
+        finished = TrainProcess(workdir, "--steps", str(STEPS), "--scan-layers", scan)
         assert finished.finish() == 0, finished.stderr[-3000:]
         return workdir, saved_steps
 
