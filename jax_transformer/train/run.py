@@ -41,7 +41,8 @@ from jax_transformer.train.step import Trainer, freeze, make_optimizer, make_sch
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
-                                           open_workdir, write_text_atomically)
+                                           open_workdir, recorded_settings,
+                                           write_text_atomically)
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
                                             write_atomically)
@@ -121,7 +122,7 @@ class TrainingRun:
         self.resuming = self.checkpointer.latest_step() is not None
         self.init = init = (finetune.read_init_dir(settings.init_from) if settings.init_from
                             else None)
-        recorded = self.settings.recorded()
+        recorded = recorded_settings(self.settings)
         if init is not None:
             finetune.check_settings(self.settings, init)
             recorded["init_from_fingerprint"] = finetune.fingerprint(init.directory)

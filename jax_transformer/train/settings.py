@@ -9,7 +9,7 @@ special ids, max_len, architecture) and final_norm, which follows pre_norm.
 So adding a hyperparameter touches one dataclass. run_args.json records the
 settings flat under these names, so a resumed run can be checked flag by flag;
 files written before a setting existed or was renamed still resume
-(`upgrade_recorded`).
+(workdir.upgrade_recorded).
 """
 
 from __future__ import annotations
@@ -351,25 +351,6 @@ class TrainSettings:
                 "--distributed")
 
 
-# Settings that only steer how long / how visibly a run goes; the others must
-# match when a work directory is resumed. (--init-from's directory may move: its
-# fingerprint, recorded by the run as "init_from_fingerprint", must match.)
-RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every", "keep",
-                               "beam", "decode_batch_size", "samples", "temperature",
-                               "distributed", "coordinator_address", "num_processes",
-                               "process_id", "peer_timeout", "quiet", "tensorboard",
-                               "compile_cache", "time_budget", "init_from", "scan_layers",
-                               "scan_unroll"})
-# Settings added after run_args.json files were first written: a file without one was
-# written by a run that used this value, so it resumes.
-ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
-                  "text_path": None, "layer_norm_eps": 1e-5, "scale_embeddings": True,
-                  "position_encoding": "sinusoidal", "position_offset": 0,
-                  "share_embeddings": True, "tie_output": True, "output_bias": False,
-                  "lr_schedule": "paper", "lr": 5e-5, "freeze": "none",
-                  "init_from_fingerprint": None, "src_lang_code": None, "tgt_lang_code": None}
-
-
 def _name_metavars(*settings_classes) -> None:
     """Each flag's value is shown by its field's name (--steps STEPS), as argparse
     shows its own flags; booleans and choices show what they take."""
@@ -389,21 +370,3 @@ class RunSettings(NamedTuple):
     data: DataSettings
     model: ModelSettings
     train: TrainSettings
-
-    def recorded(self) -> dict:
-        """What run_args.json holds: every setting a resumed run must repeat."""
-        values = {**dataclasses.asdict(self.data), **dataclasses.asdict(self.model),
-                  **dataclasses.asdict(self.train)}
-        return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
-
-
-def upgrade_recorded(saved: dict) -> dict:
-    """A run_args.json in today's names: --heads and --layers were the model flags
-    before they became TransformerConfig's fields, and settings added since take the
-    values those runs used."""
-    saved = dict(saved)
-    if "heads" in saved:
-        saved["num_heads"] = saved.pop("heads")
-    if "layers" in saved:
-        saved["num_encoder_layers"] = saved["num_decoder_layers"] = saved.pop("layers")
-    return {**ADDED_SETTINGS, **saved}

@@ -13,6 +13,7 @@ file and renamed, so a crash leaves the old file or the new one, never half of o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -20,13 +21,51 @@ from pathlib import Path
 
 import filelock
 
-from jax_transformer.train.settings import TrainError, upgrade_recorded
+from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.tensorboard import TensorBoardLog
 from transformer_core.checkpoint_dir import write_atomically
 
 LOCK_FILE = "train.lock"
 RUN_ARGS_FILE = "run_args.json"
 METRICS_FILE = "metrics.jsonl"
+
+
+# Settings that only steer how long / how visibly a run goes; the others must
+# match when a work directory is resumed. (--init-from's directory may move: its
+# fingerprint, recorded by the run as "init_from_fingerprint", must match.)
+RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every",
+                               "keep", "beam", "decode_batch_size", "samples", "temperature",
+                               "distributed", "coordinator_address", "num_processes",
+                               "process_id", "peer_timeout", "quiet", "tensorboard",
+                               "compile_cache", "time_budget", "init_from", "scan_layers",
+                               "scan_unroll"})
+# Settings added after run_args.json files were first written: a file without one was
+# written by a run that used this value, so it resumes.
+ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
+                  "text_path": None, "layer_norm_eps": 1e-5, "scale_embeddings": True,
+                  "position_encoding": "sinusoidal", "position_offset": 0,
+                  "share_embeddings": True, "tie_output": True, "output_bias": False,
+                  "lr_schedule": "paper", "lr": 5e-5, "freeze": "none",
+                  "init_from_fingerprint": None, "src_lang_code": None, "tgt_lang_code": None}
+
+
+def recorded_settings(settings: RunSettings) -> dict:
+    """What run_args.json holds: every setting a resumed run must repeat, flat."""
+    values = {**dataclasses.asdict(settings.data), **dataclasses.asdict(settings.model),
+              **dataclasses.asdict(settings.train)}
+    return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
+
+
+def upgrade_recorded(saved: dict) -> dict:
+    """A run_args.json in today's names: --heads and --layers were the model flags
+    before they became TransformerConfig's fields, and settings added since take the
+    values those runs used."""
+    saved = dict(saved)
+    if "heads" in saved:
+        saved["num_heads"] = saved.pop("heads")
+    if "layers" in saved:
+        saved["num_encoder_layers"] = saved["num_decoder_layers"] = saved.pop("layers")
+    return {**ADDED_SETTINGS, **saved}
 
 
 def open_workdir(path: str | os.PathLike) -> tuple[Path, filelock.BaseFileLock]:
@@ -53,7 +92,7 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def check_run_settings(workdir: Path, settings: dict, resuming: bool,
                        primary: bool = True) -> None:
-    """Record the settings of a new run (`settings.recorded`; the `primary` process
+    """Record the settings of a new run (`recorded_settings`; the `primary` process
     writes them); refuse to resume one with other settings."""
     path = workdir / RUN_ARGS_FILE
     if resuming and path.exists():

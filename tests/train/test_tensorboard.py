@@ -4,7 +4,7 @@ tests/train/test_train.py; after SIGTERM: tests/train/test_faults.py.)"""
 
 from __future__ import annotations
 
-from jax_transformer.train.workdir import MetricsLog, check_run_settings
+from jax_transformer.train.workdir import MetricsLog, check_run_settings, recorded_settings
 from tests.train.runs import metrics_scalars, tensorboard_scalars, tiny_settings
 
 
@@ -49,6 +49,6 @@ def test_only_the_metrics_process_writes_tensorboard_files(tmp_path):
 def test_no_tensorboard_is_a_setting_a_resume_may_change(tmp_path):
     _, _, train = tiny_settings(tmp_path, "--no-tensorboard")
     assert train.tensorboard is False and tiny_settings(tmp_path)[2].tensorboard is True
-    check_run_settings(tmp_path, tiny_settings(tmp_path).recorded(), resuming=False)
-    check_run_settings(tmp_path, tiny_settings(tmp_path, "--no-tensorboard").recorded(),
+    check_run_settings(tmp_path, recorded_settings(tiny_settings(tmp_path)), resuming=False)
+    check_run_settings(tmp_path, recorded_settings(tiny_settings(tmp_path, "--no-tensorboard")),
                        resuming=True)

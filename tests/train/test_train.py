@@ -32,12 +32,12 @@ from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.workdir import check_run_settings
+from jax_transformer.train.workdir import ADDED_SETTINGS, check_run_settings, recorded_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
 
 def recorded(workdir, *extra):
-    return tiny_settings(workdir, *extra).recorded()
+    return recorded_settings(tiny_settings(workdir, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_run_args_json_from_before_the_config_vocabulary_resumes(tmp_path):
     (heads, layers; none of the variant fields): the same run resumes, another not."""
     old = {k: v for k, v in recorded(tmp_path).items()
            if k not in {"num_heads", "num_encoder_layers", "num_decoder_layers",
-                        *settings.ADDED_SETTINGS}}
+                        *ADDED_SETTINGS}}
     (tmp_path / "run_args.json").write_text(json.dumps({**old, "heads": 4, "layers": 1}))
     check_run_settings(tmp_path, recorded(tmp_path), resuming=True)
     with pytest.raises(settings.TrainError, match="--num-encoder-layers 1 -> 2"):
