@@ -164,13 +164,13 @@ def test_a_trained_model_translates_alike_in_ctranslate2(trained_translator, tmp
     against jax_transformer.decoding. Beam scores: CTranslate2 stops a sentence when its
     best candidate ends and ranks finished beams by logprob / len ** length_penalty (len
     without </s>), so length_penalty 0 and our "hf" style (only the K best candidates may
-    finish, as in CTranslate2) with alpha 0 rank alike: by summed log-probabilities."""
+    finish, as in CTranslate2) with alpha 0 rank alike: by summed log-probabilities.
+    Teacher-forced on the greedy translations, every log-probability agrees too."""
     from jax_transformer import decoding
     from jax_transformer.model import Transformer as FlaxTransformer
     export(trained_translator, tmp_path / "ct2")
     model = FlaxTransformer.from_pretrained(trained_translator)
     tokenizer = Tokenizer(tmp_path / "ct2" / "tokenizer.model")
-    eos = model.config.eos_id
     texts = sentences(100)
     sources = [tokenizer.encode_source(text) for text in texts]
     src = np.full((len(sources), max(map(len, sources))), model.config.pad_id, np.int32)
@@ -179,16 +179,24 @@ def test_a_trained_model_translates_alike_in_ctranslate2(trained_translator, tmp
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu",
                                         compute_type="float32")
     pieces = [tokenizer.sp.encode(text, out_type=str) for text in texts]
-    for beam in (1, 4):
-        if beam == 1:
-            tokens, _ = decoding.greedy_search(model, src, max_len=MAX_LEN)
-        else:
-            tokens, _ = decoding.beam_search(model, src, max_len=MAX_LEN, beam_size=beam,
-                                             alpha=0.0, length_penalty_style="hf")
-            tokens = tokens[:, 0]
-        ours = [until_eos(row, eos) for row in np.asarray(tokens)]
+
+    def ctranslate2_tokens(beam: int) -> list[list[str]]:
         results = translator.translate_batch(pieces, beam_size=beam, length_penalty=0.0,
                                              max_decoding_length=MAX_LEN, min_decoding_length=0)
-        theirs = [[tokenizer.sp.piece_to_id(p) for p in r.hypotheses[0]] for r in results]
-        assert theirs == ours, beam
-        assert len({tuple(t) for t in ours}) > 10  # the source matters
+        return [result.hypotheses[0] for result in results]
+
+    greedy, _ = decoding.greedy_search(model, src, max_len=MAX_LEN)
+    beam, _ = decoding.beam_search(model, src, max_len=MAX_LEN, beam_size=4, alpha=0.0,
+                                   length_penalty_style="hf")
+    for size, tokens in ((1, greedy), (4, np.asarray(beam)[:, 0])):
+        ours = [until_eos(row, model.config.eos_id) for row in np.asarray(tokens)]
+        theirs = [[tokenizer.sp.piece_to_id(p) for p in hypothesis]
+                  for hypothesis in ctranslate2_tokens(size)]
+        assert theirs == ours, size
+        assert len({tuple(t) for t in ours}) > 1  # the source matters
+
+    reference = torch_reference.Transformer.from_pretrained(trained_translator).eval()
+    for ids, result in zip(sources, translator.score_batch(pieces, ctranslate2_tokens(1))):
+        target = [tokenizer.sp.piece_to_id(p) for p in result.tokens]  # ends in </s>
+        np.testing.assert_allclose(result.log_probs, our_log_probs(reference, ids, target),
+                                   atol=1e-4, rtol=0)

@@ -132,7 +132,8 @@ def build_spec(config: TransformerConfig, tensors: dict[str, np.ndarray], tokeni
     for i, layer in enumerate(decoder.layer):
         prefix = f"decoder.layers.{i}"
         _set_layer(layer, tensors, prefix)
-        _set_attention(layer.attention.linear, tensors, f"{prefix}.cross_attn", fused=("W_k", "W_v"))
+        _set_attention(layer.attention.linear, tensors, f"{prefix}.cross_attn",
+                       fused=("W_k", "W_v"))
         _set_layer_norm(layer.attention.layer_norm, tensors, f"{prefix}.cross_attn_norm")
     if config.final_norm:
         _set_layer_norm(encoder.layer_norm, tensors, "encoder.final_norm")
