@@ -40,8 +40,9 @@ VARIANTS = {
     "separate-vocabularies": dict(share_embeddings=False, tie_output=False, tgt_vocab_size=56),
     "learned-offset": dict(position_encoding="learned", position_offset=2),
     "fairseq-positions": dict(position_layout="fairseq", position_offset=2),
+    # an epsilon far from CTranslate2's default 1e-5, so that a lost one shows
     "no-positions-unscaled-eps": dict(position_encoding="none", scale_embeddings=False,
-                                      layer_norm_eps=1e-6),
+                                      layer_norm_eps=1e-2),
 }
 TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
         "hello world how are you today"] * 20
