@@ -180,7 +180,7 @@ def export_ctranslate2(src_dir: str | os.PathLike,
                         "every id's token (converted Marian/fairseq tokenizers are not exported)")
     spec = build_spec(config, tensors, Tokenizer(tokenizer_file))
     with checkpoint_dir.directory_written_whole(out_dir, OUTPUT_FILES) as tmp:
-        spec.optimize()  # only CTranslate2's own layout steps: no quantization
+        spec.optimize()  # equal tensors (a tied or shared table) stored once; no quantization
         spec.save(str(tmp))
     return config
 
