@@ -208,15 +208,14 @@ def _set_layer(layer, tensors: dict[str, np.ndarray], prefix: str) -> None:
 
 def _set_attention(linears, tensors: dict[str, np.ndarray], prefix: str,
                    fused: tuple[str, ...]) -> None:
-    """CTranslate2's attention linears: [W_q, W_k, W_v stacked, W_o] for self-attention,
-    [W_q, W_k and W_v stacked, W_o] for cross-attention (`fused` are the stacked ones)."""
-    separate = [name for name in ("W_q",) if name not in fused]
-    for linear, name in zip(linears, separate):
-        _set_linear(linear, tensors, f"{prefix}.{name}")
-    stacked = linears[len(separate)]
+    """CTranslate2's attention linears: [W_q, W_k, W_v stacked; W_o] for self-attention,
+    [W_q; W_k, W_v stacked; W_o] for cross-attention (`fused` are the stacked ones)."""
+    *query, stacked, output = linears
+    for linear in query:  # cross-attention's, on the decoder's states
+        _set_linear(linear, tensors, f"{prefix}.W_q")
     stacked.weight = np.concatenate([tensors[f"{prefix}.{n}.weight"] for n in fused])  # (nD, D)
     stacked.bias = np.concatenate([tensors[f"{prefix}.{n}.bias"] for n in fused])  # (nD,)
-    _set_linear(linears[-1], tensors, f"{prefix}.W_o")
+    _set_linear(output, tensors, f"{prefix}.W_o")
 
 
 def _set_linear(spec, tensors: dict[str, np.ndarray], prefix: str) -> None:
