@@ -5,6 +5,9 @@ on every device (no TF32 or bf16 matmul passes in JAX or torch), and torch uses
 its deterministic algorithms (jax_transformer.numerics.pinned_numerics).
 """
 
+import os
+
+import filelock
 import pytest
 import torch
 
@@ -23,3 +26,30 @@ def pinned():
 @pytest.fixture(params=DIRECTIONS)
 def direction(request):
     return request.param
+
+
+# Enough steps for outputs that are not just </s>; the translations are still poor. Marian's
+# sinusoid layout and activation, so that every export can take the model.
+TRAINED_RUN = ("--position-layout", "half_split", "--activation", "silu", "--steps", "150",
+               "--lr-scale", "2", "--warmup", "20", "--max-tokens", "2048",
+               "--eval-every", "50", "--checkpoint-every", "50")
+
+
+@pytest.fixture(scope="session")
+def trained_translator(tmp_path_factory):
+    """Our checkpoint directory of a tiny train.py run, converted from its orbax
+    checkpoint. Trained once per test session: the first pytest-xdist worker to need
+    it trains it under a lock, in the session's directory the workers share (the parent
+    of each worker's), the others read it."""
+    from jax_transformer.commands import port as port_command
+    from tests.train.runs import tiny_run
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    workdir, checkpoint = shared / "trained_run", shared / "trained_translator"
+    with filelock.FileLock(str(shared / "trained_translator.lock")):
+        if not checkpoint.is_dir():
+            tiny_run(workdir, *TRAINED_RUN)
+            assert port_command.main(["--from", "jax-orbax", str(workdir / "checkpoints"),
+                                      str(checkpoint)]) == 0
+    return checkpoint

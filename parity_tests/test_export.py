@@ -264,10 +264,6 @@ def test_from_and_to_together_is_a_usage_error(tmp_path, capsys):
 
 # ------------------------------------------------------------ a model trained by train.py
 
-# Enough steps for outputs that are not just </s>; the translations are still poor.
-MARIAN_RUN = ("--position-layout", "half_split", "--activation", "silu", "--steps", "150",
-              "--lr-scale", "2", "--warmup", "20", "--max-tokens", "2048",
-              "--eval-every", "50", "--checkpoint-every", "50")
 SENTENCES = ["three hundred and forty-two", "seventeen", "one thousand, two hundred and five",
              "nine thousand, nine hundred and ninety-nine", "eight", "four thousand and sixty",
              "twenty-one", "five hundred"]
@@ -275,15 +271,11 @@ MAX_LEN = 24  # generated tokens, </s> included; transformers' max_length adds t
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """(our checkpoint directory, its Marian export) of a tiny train.py run, via orbax."""
-    from tests.train.runs import tiny_run
-    workdir = tmp_path_factory.mktemp("marian_run")
-    tiny_run(workdir, *MARIAN_RUN)
-    ours, hf = workdir / "ours", workdir / "hf"
-    assert port_command.main(["--from", "jax-orbax", str(workdir / "checkpoints"), str(ours)]) == 0
-    export(ours, hf)
-    return ours, hf
+def trained(trained_translator, tmp_path_factory):
+    """(our checkpoint directory of a tiny train.py run (conftest.py), its Marian export)."""
+    hf = tmp_path_factory.mktemp("marian_export") / "hf"
+    export(trained_translator, hf)
+    return trained_translator, hf
 
 
 @pytest.mark.slow

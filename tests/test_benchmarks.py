@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_compile, bench_corpus, bench_decode, bench_train, race, report
+from benchmarks import bench_compile, bench_corpus, bench_decode, bench_serve, bench_train, race, report
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,6 +192,28 @@ def compile_result() -> dict:
             "device": "cpu: AMD EPYC 9454; 2 CPUs", "versions": {"jax": "0.10.2"}}
 
 
+def serve_row(system, beam, sentences_per_s, bleu) -> dict:
+    return {"system": system, "beam": beam, "seconds": 300 / sentences_per_s,
+            "sentences_per_s": sentences_per_s, "warmup_seconds": 12.345, "runs": [1.0] * 3,
+            "bleu": bleu, "same_as_jax": 0.97}
+
+
+def serve_result() -> dict:
+    return {"checkpoint": "runs/bible/export", "src_path": "test.en", "ref_path": "test.fr",
+            "sentences": 300, "batch_size": 32, "beam": 4, "max_len": 128, "rounds": 3,
+            "threads": 2, "config": {"d_model": 256, "num_heads": 4, "d_ff": 1024,
+                                     "num_encoder_layers": 3, "num_decoder_layers": 3,
+                                     "tgt_vocab_size": 8000},
+            "load_average": {"start": 5.25, "end": 6.75},
+            "versions": {"jax": "0.10.2", "ctranslate2": "4.8.5"},
+            "machine": {"platform": "Linux-test", "cpus": 2, "jax_devices": ["cpu:0"]},
+            "results": [serve_row("jax", 1, 12.5, 10.11),
+                        serve_row("ct2_float32", 1, 50.0, 10.11),
+                        serve_row("ct2_int8", 1, 75.0, 9.87), serve_row("jax", 4, 5.0, 11.5),
+                        serve_row("ct2_float32", 4, 20.0, 11.5),
+                        serve_row("ct2_int8", 4, 30.0, 11.75)]}
+
+
 # (script, results dict, cells of its tables, other text on its page)
 PAGES = {
     "bench_compile": (bench_compile, compile_result, (
@@ -215,6 +237,12 @@ PAGES = {
         "max_tokens", "1024"), (
         "[[8, 128]], 37 batches", "91.2%", "93.4%", "955 real target tokens", "93% of",
         "cpu: TFRT_CPU_0")),
+    "bench_serve": (bench_serve, serve_result, (
+        "ours, JAX (jit, KV cache)", "CTranslate2 float32", "CTranslate2 int8", "greedy",
+        "beam 4", "12.5", "75.0", "6.00x", "24.00", "12.35", "3", "10.11", "9.87", "97%",
+        "-0.24", "+0.25", "runs/bible/export", "test.fr", "300", "ctranslate2", "4.8.5"), (
+        "load average 5.2 at the start, 6.8 at the end", "d_model 256", "3+3 layers",
+        "vocabulary 8000")),
     "race": (race, race_result, (
         "train.py (jax_transformer)", "Hugging Face MarianMTModel", "1,234", "4,838", "3,814",
         "20.0", "13.9", "31.8", "32.6", "51.3", "2.346", "3.00", "peak device memory (GiB)",
@@ -278,7 +306,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
     """benchmarks/results/*.md come from their JSON by the script that wrote it, not by
     hand: after a change to a renderer, render them again with --render-only."""
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
-              "race": race, "compile": bench_compile}[results.stem.split("_")[0]]
+              "race": race, "compile": bench_compile, "serve": bench_serve}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -304,6 +332,42 @@ def test_bench_corpus_smoke(tmp_path):
     assert_cells(out.with_suffix(".md").read_text(), "jax", "torch_eager",
                  f"{rows['jax']['steady_tgt_tokens_per_s']:,.0f}")
 
+
+
+@pytest.mark.slow  # a subprocess: JAX compiles four searches
+def test_bench_serve_smoke(tmp_path):
+    """A random tiny model with its tokenizer, six sentences, one round: every system and
+    search gives a row; CTranslate2 float32 translates exactly as ours does."""
+    import torch
+
+    import torch_reference
+    from transformer_core.config import TransformerConfig
+    from transformer_core.tokenizer import Tokenizer
+    text = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+            "hello world how are you today"] * 20
+    Tokenizer.train(text, tmp_path / "spm.model", vocab_size=40)
+    torch.manual_seed(0)
+    torch_reference.Transformer(TransformerConfig(
+        src_vocab_size=40, tgt_vocab_size=40, d_model=32, num_heads=4, d_ff=64,
+        num_encoder_layers=1, num_decoder_layers=1, max_len=16)).save_pretrained(
+        tmp_path / "ckpt", tokenizer=tmp_path / "spm.model")
+    (tmp_path / "src.txt").write_text("\n".join(text[:6]) + "\n")
+    (tmp_path / "ref.txt").write_text("\n".join(text[1:7]) + "\n")
+    out = tmp_path / "serve.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_serve.py"),
+                    "--checkpoint", str(tmp_path / "ckpt"),
+                    "--src-path", str(tmp_path / "src.txt"),
+                    "--ref-path", str(tmp_path / "ref.txt"), "--sentences", "6",
+                    "--batch-size", "4", "--rounds", "1", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    result = json.loads(out.read_text())
+    rows = {(row["system"], row["beam"]): row for row in result["results"]}
+    assert set(rows) == {(system, beam) for system in bench_serve.SYSTEMS for beam in (1, 4)}
+    for row in rows.values():
+        assert row["sentences_per_s"] > 0 and len(row["runs"]) == 1 and 0 <= row["bleu"] <= 100
+    assert rows["ct2_float32", 1]["same_as_jax"] == rows["ct2_float32", 4]["same_as_jax"] == 1
+    assert_cells(out.with_suffix(".md").read_text(), "CTranslate2 int8",
+                 f"{rows['ct2_int8', 4]['sentences_per_s']:.1f}")
 
 
 RACE_FIELDS = ("steps", "stopped_by", "tgt_tokens_per_s", "tgt_tokens_per_step",

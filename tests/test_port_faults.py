@@ -282,3 +282,13 @@ def test_command_line_writes_files_others_can_read(tmp_path):
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in out.iterdir()}
     assert modes == {checkpoint_dir.CONFIG_FILE: "0o644", checkpoint_dir.WEIGHTS_FILE: "0o644",
                      checkpoint_dir.TOKENIZER_FILE: "0o644"}
+
+
+def test_export_to_ctranslate2_without_the_package_names_the_extra(tmp_path, capsys,
+                                                                   monkeypatch):
+    ours = exportable_checkpoint(tmp_path / "ours")
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` fails
+    code, err = run_port(["--to", "ctranslate2", ours, tmp_path / "ct2"], capsys)
+    assert_one_error_line(code, err, "error: exporting to CTranslate2 needs the ctranslate2 "
+                                     "package: pip install 'jax-transformer[serve]'")
+    assert beside(tmp_path / "ours") == []  # nothing written

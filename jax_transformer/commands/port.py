@@ -10,6 +10,7 @@
     jaxformer-port --from torch-reference    MODEL.pt  OUT_DIR --config config.json
     jaxformer-port --from jax-orbax          WORKDIR/checkpoints OUT_DIR [--step N]
     jaxformer-port --to hf-marian            CKPT_DIR  OUT_DIR   (hf_export.py)
+    jaxformer-port --to ctranslate2          CKPT_DIR  OUT_DIR   (ctranslate2.py; the serve extra)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from jax_transformer.commands import exit_codes
+from jax_transformer.port import ctranslate2
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import TARGETS, export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
@@ -32,6 +34,7 @@ from jax_transformer.port.torch_nn_encoder import (ARCHITECTURES, POSITIONS,
 
 SOURCES = ("hf-marian", "hf-fsmt", "hf-m2m100", "torch-nn-transformer", "torch-nn-encoder",
            "torch-reference", "jax-orbax")
+EXPORT_TARGETS = (*TARGETS, ctranslate2.TARGET)
 # The torch.nn sources' mapping fields (flags under the same names, dashed).
 TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
                   "torch-nn-encoder": TORCH_NN_ENCODER_DEFAULTS}
@@ -49,11 +52,13 @@ def convert(argv: list[str] | None = None) -> int:
                     "model.safetensors), then check it: jaxformer-parity OUT_DIR. "
                     "Or, with --to, export one of our checkpoint directories: --to hf-marian "
                     "writes a directory transformers' MarianMTModel and MarianTokenizer load "
-                    "(models Marian cannot compute are refused, naming the config field).")
+                    "(models Marian cannot compute are refused, naming the config field); "
+                    "--to ctranslate2 writes a ctranslate2.Translator model directory with our "
+                    "tokenizer beside it (needs pip install 'jax-transformer[serve]').")
     direction = parser.add_mutually_exclusive_group(required=True)
     direction.add_argument("--from", dest="source", choices=SOURCES,
                            help="convert SRC from this format into our directory format")
-    direction.add_argument("--to", dest="target", choices=TARGETS,
+    direction.add_argument("--to", dest="target", choices=EXPORT_TARGETS,
                            help="export SRC, our checkpoint directory (config.json, "
                                 "model.safetensors, tokenizer.model), to this format")
     parser.add_argument("src", help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
@@ -108,6 +113,10 @@ def convert(argv: list[str] | None = None) -> int:
     if args.target == "hf-marian":
         config, tokenizer = export_hf_marian(args.src, args.out)
         print(f"wrote {args.out} (Marian, tokenizer {tokenizer}): {config}")
+        return 0
+    if args.target == ctranslate2.TARGET:
+        config = ctranslate2.export_ctranslate2(args.src, args.out)
+        print(f"wrote {args.out} (CTranslate2, tokenizer copied): {config}")
         return 0
     if args.source == "hf-marian":
         config = convert_hf_marian(args.src, args.out)

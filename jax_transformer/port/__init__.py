@@ -1,5 +1,5 @@
 """Convert checkpoints trained elsewhere into our checkpoint directory, and ours
-into Hugging Face Marian.
+into Hugging Face Marian and CTranslate2.
 
     reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
     marian.py            Hugging Face Marian / opus-mt
@@ -8,6 +8,7 @@ into Hugging Face Marian.
     torch_nn_encoder.py  models built on torch.nn.TransformerEncoder (language models)
     ours.py              torch_reference state dicts and train.py's orbax checkpoints
     hf_export.py         ours -> a directory transformers' MarianMTModel / MarianTokenizer load
+    ctranslate2.py       ours -> a ctranslate2.Translator model directory (CTranslate2's spec API)
 
 The command over them is jaxformer-port (jax_transformer/commands/port.py); Marian's
 tokenizer lives in transformer_core.marian_tokenizer.
@@ -15,11 +16,13 @@ tokenizer lives in transformer_core.marian_tokenizer.
 Every converter builds a TransformerConfig and a dict of torch-named numpy
 tensors and writes them with `checkpoint_dir.save_dir`, which checks every key
 and shape. Source values we cannot express are errors (PortError), never a
-quietly different model. The export is marian.py inverted, with the same name
-table; a model Marian cannot compute (pre-LN, final norms, interleaved
-sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field.
+quietly different model. The Marian export is marian.py inverted, with the same
+name table; a model Marian cannot compute (pre-LN, final norms, interleaved
+sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field, and so
+is one a CTranslate2 Translator cannot (a single stack, post-LN with final norms).
 """
 
+from jax_transformer.port.ctranslate2 import export_ctranslate2
 from jax_transformer.port.fairseq import (convert_hf_fsmt, convert_hf_m2m100, fsmt_config,
                                           fsmt_tensors, m2m100_config, m2m100_tensors)
 from jax_transformer.port.hf_export import (TARGETS, export_hf_marian, hf_marian_config,
@@ -38,7 +41,7 @@ __all__ = ["PortError", "TARGETS", "TORCH_NN_DEFAULTS",
            "TORCH_NN_ENCODER_DEFAULTS", "convert_hf_fsmt", "convert_hf_m2m100",
            "convert_hf_marian", "convert_jax_orbax", "convert_torch_nn_encoder",
            "convert_torch_nn_transformer", "convert_torch_reference", "detect_scale_embeddings", "encoder_spec",
-           "export_hf_marian",
+           "export_ctranslate2", "export_hf_marian",
            "fsmt_config", "fsmt_tensors", "hf_marian_config", "hf_marian_tensors",
            "m2m100_config", "m2m100_tensors", "marian_config", "marian_tensors",
            "read_weights", "torch_nn_encoder_tensors", "torch_nn_transformer_tensors"]
