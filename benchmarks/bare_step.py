@@ -35,7 +35,7 @@ def train_step_flops(config, shape: tuple[int, int, int]) -> float:
     return model_flops_per_step(config, rows, src_len, tgt_len)["train_step"]
 
 
-def measure(train_flags: list[str], steps: int, matmul_size: int = 2048) -> dict:
+def measure(train_flags: list[str], steps: int) -> dict:
     """The bare step's median seconds, real target tokens/s and MFU on the run's batches."""
     import jax
 
@@ -56,7 +56,8 @@ def measure(train_flags: list[str], steps: int, matmul_size: int = 2048) -> dict
     state = trainer.initial_state
     state, metrics = trainer.train_step(state, device_batches[0])  # compiled, or from the cache
     jax.block_until_ready(metrics)
-    peak = runner.MatmulPeak(matmul_size, settings.train.dtype)
+    peak = runner.MatmulPeak(runner.MatmulPeak.default_size(jax.default_backend()),
+                             settings.train.dtype)
     peaks = [peak.measure()]
     seconds = []
     for batch in device_batches:

@@ -356,7 +356,7 @@ def main(argv=None):
     config = train_steps.make_config(args)
     state_dict = to_torch_state_dict(Transformer(config, rngs=nnx.Rngs(0)))
     backend = jax.default_backend()
-    args.matmul_size = args.matmul_size or (8192 if backend == "gpu" else 2048)
+    args.matmul_size = args.matmul_size or runner.MatmulPeak.default_size(backend)
     args.out = args.out or str(default_results_path(backend))
     peak = runner.MatmulPeak(args.matmul_size, args.dtype)
     contenders, first, errors = first_steps(args, config, state_dict)
