@@ -1,6 +1,7 @@
 """The benchmarks run end to end on tiny models and report consistent rows; their
 markdown pages show every figure of their results."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -430,3 +431,18 @@ def test_a_written_page_is_what_render_only_gives(tmp_path):
     written = report.write_results(result, path, bench_corpus.describe)
     bench_corpus.main(["--render-only", str(path)])
     assert path.with_suffix(".md").read_text() == written
+
+
+def test_device_idle_counts_the_union_of_gpu_events_only(tmp_path):
+    """Overlapping GPU events count once; host events are not device time."""
+    from benchmarks import device_idle
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+              *({"ph": "X", "pid": 1, "ts": ts, "dur": dur} for ts, dur in
+                ((0, 10), (5, 10), (20, 10), (22, 3))),
+              {"ph": "X", "pid": 2, "ts": 0, "dur": 100}]
+    run = tmp_path / "plugins" / "profile" / "run"
+    run.mkdir(parents=True)
+    with gzip.open(run / "host.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert device_idle.busy_and_span(str(tmp_path)) == (25, 30)
