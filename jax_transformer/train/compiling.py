@@ -223,9 +223,12 @@ class CompileCounter:
 def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[str], None],
                   workers: int = 2) -> float:
     """Trace and compile each (name, jitted function, example args) before it is first
-    called; XLA compiles `workers` programs at a time (tracing stays serial). The
-    programs land in jit's caches (and the persistent cache), so the first real call
-    runs at once. Returns the wall seconds."""
+    called; XLA compiles `workers` programs at a time, once every program is traced
+    and lowered (lowering beside a thread that loads a program from the persistent
+    cache crashed a resumed run's process with a segfault in jax 0.10.2; jax#32354: JAX's
+    lowered modules are not safe across threads). The programs land in jit's caches
+    (and the persistent cache), so the first real call runs at once. Returns the wall
+    seconds."""
     started = time.time()
     done = 0
 
@@ -236,9 +239,9 @@ def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[st
         done += 1
         log(f"compiled {name} in {time.time() - job_started:.1f} s [{done}/{len(jobs)}]")
 
+    lowered = [(name, jitted.lower(*args)) for name, jitted, args in jobs]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(compile_one, name, jitted.lower(*args))
-                   for name, jitted, args in jobs]
+        futures = [pool.submit(compile_one, name, program) for name, program in lowered]
         for future in futures:
             future.result()
     return time.time() - started
