@@ -165,9 +165,7 @@ def describe(result: dict) -> Report:
         settings={k: result[k] for k in ("batch_size", "src_len", "beam", "repeats",
                                          "uncached_repeats", "uncached_lengths",
                                          "torch_threads")},
-        device=f"{', '.join(machine['jax_devices'])}; {machine['cpus']} CPUs"
-               + (f" ({machine['processor']})" if "processor" in machine else "")
-               + f", {machine['platform']}.",
+        device=runner.machine_line(machine),
         versions=result["versions"])
 
 

@@ -172,9 +172,7 @@ def describe(result: dict) -> Report:
         settings={k: result[k] for k in ("checkpoint", "src_path", "ref_path", "sentences",
                                          "batch_size", "beam", "max_len", "rounds",
                                          "threads")},
-        device=f"{', '.join(machine['jax_devices'])}; {machine['cpus']} CPUs"
-               + (f" ({machine['processor']})" if "processor" in machine else "")
-               + f", {machine['platform']}.",
+        device=runner.machine_line(machine),
         versions=result["versions"])
 
 

@@ -45,6 +45,13 @@ def host() -> dict:
     return {"platform": platform.platform(), "processor": cpu_name(), "cpus": os.cpu_count()}
 
 
+def machine_line(machine: dict) -> str:
+    """A results page's device line from a run's "machine" record."""
+    return (f"{', '.join(machine['jax_devices'])}; {machine['cpus']} CPUs"
+            + (f" ({machine['processor']})" if "processor" in machine else "")
+            + f", {machine['platform']}.")
+
+
 def versions(*packages: str) -> dict[str, str]:
     """Installed versions of `packages`, as their distributions report them."""
     return {name: importlib.metadata.version(name) for name in packages}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from transformer_core.config import TransformerConfig
 from transformer_core.text import read_json_object
-from transformer_core.tokenizer import TokenizerError
+from transformer_core.tokenizer import TokenizerError, pieces_before_eos
 
 SPM_FILE, VOCAB_FILE = "sentencepiece.bpe.model", "fairseq_tokenizer.json"
 FAST_FILE = "tokenizer.json"
@@ -127,13 +127,7 @@ class FairseqTokenizer:
     def decode(self, ids) -> str:
         """Ids -> text up to the first </s>, special tokens and codes dropped, as
         transformers' decode(skip_special_tokens=True)."""
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if i not in self.special_ids:
-                pieces.append(self.pieces.get(i, "<unk>"))
+        pieces = pieces_before_eos(ids, self.eos_id, self.special_ids, self.pieces)
         if self.fast is not None:
             return self.fast.decode([self.vocab[p] for p in pieces], skip_special_tokens=True)
         return self.sp.decode_pieces(pieces).strip()

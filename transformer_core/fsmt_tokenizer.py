@@ -40,7 +40,7 @@ from pathlib import Path
 
 from transformer_core.config import TransformerConfig
 from transformer_core.text import read_json_object
-from transformer_core.tokenizer import TokenizerError
+from transformer_core.tokenizer import TokenizerError, pieces_before_eos
 
 SRC_VOCAB_FILE, TGT_VOCAB_FILE, MERGES_FILE = "vocab-src.json", "vocab-tgt.json", "merges.txt"
 SETTINGS_FILE = "fsmt_tokenizer.json"
@@ -184,13 +184,7 @@ class FSMTTokenizer:
     def decode(self, ids) -> str:
         """Target ids -> text up to the first </s>, special tokens dropped, as transformers'
         decode(skip_special_tokens=True)."""
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if i not in self.special_ids:
-                pieces.append(self.pieces.get(i, "<unk>"))  # an id beyond vocab-tgt.json
+        pieces = pieces_before_eos(ids, self.eos_id, self.special_ids, self.pieces)
         words = "".join(p.replace(" ", "").replace(END_OF_WORD, " ") for p in pieces).split()
         return self.moses_detokenizer.detokenize(words)
 

@@ -29,6 +29,20 @@ class TokenizerError(InputError):
     """A tokenizer model is missing, unreadable or does not fit the model."""
 
 
+def pieces_before_eos(ids: Sequence[int], eos_id: int, dropped: set[int],
+                      pieces: dict[int, str]) -> list[str]:
+    """The pieces of `ids` up to the first eos, the `dropped` ids (special tokens,
+    language codes) left out; an id without a piece is "<unk>"."""
+    kept = []
+    for i in ids:
+        i = int(i)
+        if i == eos_id:
+            break
+        if i not in dropped:
+            kept.append(pieces.get(i, "<unk>"))
+    return kept
+
+
 class CheckpointTokenizer(Protocol):
     """What translating and checking a checkpoint need of its tokenizer, whichever it is:
     ours (Tokenizer) or a converted model's (marian_tokenizer.MarianTokenizer);
