@@ -90,14 +90,21 @@ def _description(family, pieces, languages, source_code, src_dir) -> dict:
                 specials={p: pieces[p] for p in SPECIALS}, pieces=pieces)
 
 
-def write_m2m100_tokenizer(src_dir: Path, out_dir: Path, description: dict) -> None:
-    copied = [SPM_FILE] + ([FAST_FILE] if description["family"] == "nllb" else [])
+def write_tokenizer(src_dir: Path, out_dir: Path, copied, json_name: str,
+                    contents: dict) -> None:
+    """Copy the `copied` files of `src_dir` into `out_dir` and write `contents` as
+    `json_name` beside them, each file whole or not at all."""
     for name in copied:
         checkpoint_dir.write_atomically(out_dir / name,
                                         lambda p, name=name: shutil.copyfile(src_dir / name, p))
-    text = json.dumps(description, ensure_ascii=False)
-    checkpoint_dir.write_atomically(out_dir / VOCAB_FILE,
+    text = json.dumps(contents, ensure_ascii=False)
+    checkpoint_dir.write_atomically(out_dir / json_name,
                                     lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_m2m100_tokenizer(src_dir: Path, out_dir: Path, description: dict) -> None:
+    copied = [SPM_FILE] + ([FAST_FILE] if description["family"] == "nllb" else [])
+    write_tokenizer(src_dir, out_dir, copied, VOCAB_FILE, description)
 
 
 FSMT_COPIED_FILES = (SRC_VOCAB_FILE, TGT_VOCAB_FILE, MERGES_FILE)
@@ -125,9 +132,4 @@ def fsmt_tokenizer(src_dir: Path) -> dict | None:
 
 
 def write_fsmt_tokenizer(src_dir: Path, out_dir: Path, settings: dict) -> None:
-    for name in FSMT_COPIED_FILES:
-        checkpoint_dir.write_atomically(out_dir / name,
-                                        lambda p, name=name: shutil.copyfile(src_dir / name, p))
-    text = json.dumps(settings, ensure_ascii=False)
-    checkpoint_dir.write_atomically(out_dir / SETTINGS_FILE,
-                                    lambda p: p.write_text(text, encoding="utf-8"))
+    write_tokenizer(src_dir, out_dir, FSMT_COPIED_FILES, SETTINGS_FILE, settings)
