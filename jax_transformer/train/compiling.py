@@ -4,7 +4,7 @@
                                  resumed run loads them instead of compiling; its
                                  faults are one warning line at most (CacheWarnings)
     compile_ahead(jobs, log)     compiles every (name, jitted, args) before training,
-                                 one after another, one progress line each
+                                 several at a time, one progress line each
     CompileCounter               programs XLA compiled and seconds; persistent-cache hits
 
 The counts come from jax.monitoring's events, so they cover every program of the
@@ -13,6 +13,7 @@ process (train and eval steps, decoding, small eager ops).
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import math
 import os
@@ -219,18 +220,28 @@ class CompileCounter:
                 else now[k] - snapshot[k] for k in now}
 
 
-def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]],
-                  log: Callable[[str], None]) -> float:
-    """Trace, lower and compile each (name, jitted function, example args) before it is
-    first called, one after another in this thread. (Two at a time, in threads, was
-    faster cold but segfaulted resumed runs twice in three CI runs of the suite: a
-    program loading from the persistent cache beside another thread's lowering or
-    loading, jax 0.10.2; jax#32354: JAX's lowered modules are not thread-safe.) The
-    programs land in jit's caches (and the persistent cache), so the first real call
-    runs at once. Returns the wall seconds."""
+def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[str], None],
+                  workers: int = 2) -> float:
+    """Trace and compile each (name, jitted function, example args) before it is first
+    called; XLA compiles `workers` programs at a time, once every program is traced
+    and lowered (lowering beside a thread that loads a program from the persistent
+    cache crashed a resumed run's process with a segfault in jax 0.10.2; jax#32354: JAX's
+    lowered modules are not safe across threads). The programs land in jit's caches
+    (and the persistent cache), so the first real call runs at once. Returns the wall
+    seconds."""
     started = time.time()
-    for done, (name, jitted, args) in enumerate(jobs, 1):
+    done = 0
+
+    def compile_one(name: str, lowered) -> None:
+        nonlocal done
         job_started = time.time()
-        jitted.lower(*args).compile()
+        lowered.compile()
+        done += 1
         log(f"compiled {name} in {time.time() - job_started:.1f} s [{done}/{len(jobs)}]")
+
+    lowered = [(name, jitted.lower(*args)) for name, jitted, args in jobs]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(compile_one, name, program) for name, program in lowered]
+        for future in futures:
+            future.result()
     return time.time() - started
