@@ -1,5 +1,5 @@
-"""Test-session setup shared by parity_tests/ and tests/: the compilation cache and
-the jax_pinned marker.
+"""Test-session setup shared by parity_tests/ and tests/: the compilation cache, the
+release of compiled programs, and the jax_pinned marker.
 
 JAX's persistent compilation cache lets the many tests that compile the same
 program (train.py runs, decoding searches, the hundreds of small eager ops a
@@ -11,6 +11,7 @@ sessions, in $JAX_COMPILATION_CACHE_DIR or ~/.cache/jax_transformer/pytest-xla
 little; subprocesses started by tests inherit it through JAX_COMPILATION_CACHE_DIR.
 """
 
+import gc
 import os
 import tomllib
 from pathlib import Path
@@ -24,6 +25,37 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE_DIR))
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _memory_map_limit() -> int | None:
+    """The kernel's limit on one process's memory mappings (vm.max_map_count), or None
+    where the platform has no /proc."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except OSError:
+        return None
+
+
+_MAP_LIMIT = _memory_map_limit()
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    """Frees JAX's compiled programs once this process holds half of the kernel's
+    memory-mapping limit. Every XLA:CPU executable keeps its code mapped until it is
+    dropped from JAX's caches, and a test worker that runs hundreds of tests
+    accumulates tens of thousands of mappings (a float32 forward-parity test adds ~400);
+    at vm.max_map_count (65,530 by default) the next program XLA loads cannot be
+    mapped and the process dies with a segfault or an abort inside the compile. The
+    programs come back from the persistent cache when a later test needs them."""
+    yield
+    if _MAP_LIMIT is None:
+        return
+    with open("/proc/self/maps", "rb") as maps:
+        mappings = maps.read().count(b"\n")
+    if mappings > _MAP_LIMIT // 2:
+        jax.clear_caches()
+        gc.collect()
 
 
 def _pinned_jax_version() -> str | None:
