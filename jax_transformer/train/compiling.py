@@ -223,12 +223,10 @@ class CompileCounter:
 def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[str], None],
                   workers: int = 2) -> float:
     """Trace and compile each (name, jitted function, example args) before it is first
-    called; XLA compiles `workers` programs at a time, once every program is traced
-    and lowered (lowering beside a thread that loads a program from the persistent
-    cache crashed a resumed run's process with a segfault in jax 0.10.2; jax#32354: JAX's
-    lowered modules are not safe across threads). The programs land in jit's caches
-    (and the persistent cache), so the first real call runs at once. Returns the wall
-    seconds."""
+    called: every program is traced and lowered here (Python work, which threads would
+    only interleave), then XLA compiles `workers` of them at a time. The programs land
+    in jit's caches (and the persistent cache), so the first real call runs at once.
+    Returns the wall seconds."""
     started = time.time()
     done = 0
 
