@@ -114,7 +114,7 @@ def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterato
     try:
         yield
     except signals.Interrupted:  # every process stopped after the same step
-        watch.stop()
+        watch.finish()
         raise
     except BaseException as error:
         failure = peers.failed_peer()
@@ -132,7 +132,7 @@ def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterato
         traceback.print_exc()
         raise RunFailed(f"{peers.processes()} failed: {type(error).__name__}: "
                         f"{peers.first_line(error)} (traceback above)") from None
-    watch.stop()
+    watch.finish()
 
 
 def resume_hint(workdir: Path) -> str:

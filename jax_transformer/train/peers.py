@@ -7,6 +7,7 @@ barrier for minutes. Here they end within --peer-timeout, each with one line:
 
     PeerWatch       a thread that beats every BEAT_SECONDS and ends this process when a
                     peer has posted its failure, or stopped beating for --peer-timeout
+                    before it posted that it finished
     post_failure    a failing process says so before it leaves (process 0, which serves
                     the coordinator, then waits for the others to read it)
     failed_peer     the line naming a peer that posted its failure
@@ -119,9 +120,9 @@ def agree(step: int, request: str | None, keep: int = 1000) -> str | None:
 
 class PeerWatch(threading.Thread):
     """Beats for this process and watches the others' beats: a peer that posted its
-    failure, a peer silent for `timeout` seconds, or a coordinator that no longer
-    answers ends this process with one line (`leave`). `resume_hint()` adds where the run
-    can resume from."""
+    failure, a peer silent for `timeout` seconds that has not posted that it finished
+    (`finish`), or a coordinator that no longer answers ends this process with one line
+    (`leave`). `resume_hint()` adds where the run can resume from."""
 
     def __init__(self, timeout: float, resume_hint: Callable[[], str]):
         super().__init__(name="peer-watch", daemon=True)
@@ -137,6 +138,7 @@ class PeerWatch(threading.Thread):
             try:
                 client().key_value_set(f"{KEYS}/alive/{me}", str(beat), allow_overwrite=True)
                 beats = peers_by_key("alive")
+                finished = peers_by_key("finished")
             except Exception as error:
                 if not self.stopped.is_set():
                     self.end(f"lost the coordinator, process 0 ({first_line(error)}): it "
@@ -150,12 +152,19 @@ class PeerWatch(threading.Thread):
                 last, since = heard.get(peer, (None, started))
                 if beats.get(peer) != last:
                     heard[peer] = beats.get(peer), now
-                elif peer != me and now - since > self.timeout:
+                elif peer != me and peer not in finished and now - since > self.timeout:
                     self.end(f"process {peer} stopped answering {self.timeout:g} s ago "
                              "(killed, crashed, or its host lost)")
 
     def stop(self) -> None:
         self.stopped.set()
+
+    def finish(self) -> None:
+        """Stop beating, first telling the peers that this process finished its work: the
+        ones still writing their files must not take its silence for a death."""
+        client().key_value_set(f"{KEYS}/finished/{jax.process_index()}", "1",
+                               allow_overwrite=True)
+        self.stop()
 
     def end(self, what: str) -> None:
         leave(f"error: {what}: {processes()} stops too; {self.resume_hint()}")
