@@ -162,8 +162,11 @@ class PeerWatch(threading.Thread):
     def finish(self) -> None:
         """Stop beating, first telling the peers that this process finished its work: the
         ones still writing their files must not take its silence for a death."""
-        client().key_value_set(f"{KEYS}/finished/{jax.process_index()}", "1",
-                               allow_overwrite=True)
+        try:
+            client().key_value_set(f"{KEYS}/finished/{jax.process_index()}", "1",
+                                   allow_overwrite=True)
+        except Exception:  # the coordinator is gone: no peer is left to tell
+            pass
         self.stop()
 
     def end(self, what: str) -> None:
