@@ -1,5 +1,5 @@
-"""Test-session setup shared by parity_tests/ and tests/: the compilation cache, the
-release of compiled programs, and the jax_pinned marker.
+"""Test-session setup shared by parity_tests/ and tests/: one OpenMP thread per worker,
+the compilation cache, the release of compiled programs, and the jax_pinned marker.
 
 JAX's persistent compilation cache lets the many tests that compile the same
 program (train.py runs, decoding searches, the hundreds of small eager ops a
@@ -18,6 +18,13 @@ from pathlib import Path
 
 import jax
 import pytest
+
+# The two xdist workers share the machine's cores: torch's OpenMP threads spin between
+# the small ops of the parity tests and starve the other worker (a training step of
+# test_mixed_precision's copy model took 330-440 ms with 2 threads and 18-25 ms with 1,
+# beside a running suite). Read when torch is first imported, and by subprocesses.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "jax_transformer",
                   "pytest-xla")
