@@ -1,5 +1,6 @@
 """Test-session setup shared by parity_tests/ and tests/: one OpenMP thread per worker,
-the compilation cache, the release of compiled programs, and the jax_pinned marker.
+one CPU device, the compilation cache, the release of compiled programs, and the
+jax_pinned marker.
 
 JAX's persistent compilation cache lets the many tests that compile the same
 program (train.py runs, decoding searches, the hundreds of small eager ops a
@@ -25,6 +26,11 @@ import pytest
 # beside a running suite). Read when torch is first imported, and by subprocesses.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+# One CPU device, in this process and the train.py processes tests start, unless a test
+# asks for more: train.py's own default (2 on a CPU, train/cpu_devices.py) would
+# otherwise hold for whichever in-process run first starts JAX in a worker, and for
+# every later test of that worker. tests/train/test_cpu_devices.py runs the default.
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 
 _CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "jax_transformer",
                   "pytest-xla")

@@ -40,10 +40,11 @@ def measure(train_flags: list[str], steps: int) -> dict:
     import jax
 
     from jax_transformer.commands.train import parse_args
-    from jax_transformer.train import compiling
+    from jax_transformer.train import compiling, cpu_devices
     from jax_transformer.train.run import TrainingRun
 
     settings = parse_args(train_flags)
+    cpu_devices.split_cpu(settings)  # the run's devices
     compiling.use_compilation_cache(settings.train.compile_cache)
     run = TrainingRun(settings)
     run.primary, run.workdir = False, Path(settings.train.workdir)  # reads the run's files only

@@ -153,6 +153,8 @@ def other_device_count(data_state: dict, batches, step: int, saved_devices: int 
     were rounded down to a multiple of another device count."""
     then = f"{saved_devices} devices" if saved_devices else "another number of devices"
     again = f"{saved_devices} devices" if saved_devices else "the device count it was saved on"
+    if saved_devices and jax.default_backend() == "cpu":
+        again += f" (--cpu-devices {saved_devices})"
     saved_rows = "/".join(str(shape[0]) for shape in data_state["shapes"])
     rows = "/".join(str(shape[0]) for shape in batches.batches.shapes())
     return (f"checkpoint {step} was saved by a run on {then}: batch rows are rounded down to "

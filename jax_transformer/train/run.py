@@ -28,8 +28,8 @@ from tqdm import tqdm
 from jax_transformer import scanned, signals
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
-from jax_transformer.train import (compiling, disk_full, distributed, evaluation, finetune,
-                                   interrupts, plots)
+from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
+                                   finetune, interrupts, plots)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
@@ -70,6 +70,7 @@ class TrainingRun:
         disk_full.quiet_echoes()
         settings = self.settings.train
         distributed.check_environment(settings)
+        cpu_devices.split_cpu(self.settings)
         if not settings.distributed:
             return self._run_or_disk_full()
         distributed.initialize(settings)

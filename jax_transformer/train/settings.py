@@ -305,6 +305,11 @@ class TrainSettings:
     peer_timeout: float = setting(20.0, "--distributed: a process that stops answering for "
                                         "this many seconds ends the run on every process",
                                   metavar="SECONDS")
+    cpu_devices: int | None = setting(
+        None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
+              "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
+              "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
+              "docs/performance.md); a resumed run may change it", metavar="N")
     quiet: bool = setting(False, "no progress bar")
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
                                       "for `tensorboard --logdir WORKDIR`")
@@ -318,6 +323,8 @@ class TrainSettings:
                      "log_every", "beam", "decode_batch_size", "scan_unroll"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
+        require(self.cpu_devices is None or self.cpu_devices >= 1,
+                f"--cpu-devices must be at least 1, got {self.cpu_devices}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
         require(self.lr > 0, f"--lr must be positive, got {self.lr}")
         require(self.lr_schedule in SCHEDULES, f"--lr-schedule must be one of "

@@ -38,7 +38,7 @@ RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "c
                                "distributed", "coordinator_address", "num_processes",
                                "process_id", "peer_timeout", "quiet", "tensorboard",
                                "compile_cache", "time_budget", "init_from", "scan_layers",
-                               "scan_unroll"})
+                               "scan_unroll", "cpu_devices"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",

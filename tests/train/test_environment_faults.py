@@ -141,8 +141,8 @@ def test_resuming_on_another_device_count_names_the_device_count(tmp_path):
         train(workdir, *flags, env=one_device), 2,
         "error: checkpoint 2 was saved by a run on 3 devices: batch rows are rounded down to "
         "a multiple of the device count, so its batches of 42 rows are not this run's 43 rows "
-        "on 1 device(s), and its data position does not carry over; resume on 3 devices, or "
-        "use a new --workdir")
+        "on 1 device(s), and its data position does not carry over; resume on 3 devices "
+        "(--cpu-devices 3), or use a new --workdir")
     position = workdir / "checkpoints" / "2" / "data" / "metadata"
     state = json.loads(position.read_text())
     position.write_text(json.dumps({k: v for k, v in state.items() if k != "batch_multiple"}))

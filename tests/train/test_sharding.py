@@ -76,6 +76,7 @@ def test_eight_devices_match_one_device(kernel_set):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "JAX_PLATFORMS": "cpu"}
     env.pop("JAX_TRANSFORMER_KERNELS", None)
+    env.pop("JAX_NUM_CPU_DEVICES", None)  # conftest.py's, which would override XLA_FLAGS
     if kernel_set == "tuned":
         env["JAX_TRANSFORMER_KERNELS"] = "tuned"
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO_ROOT, env=env,

@@ -1,0 +1,58 @@
+"""train.py splits a CPU into devices (train/cpu_devices.py): 2 by default where the
+cores and the batch allow, the user's choice otherwise, and the same training either way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jax_transformer.train.cpu_devices import chosen_count
+from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
+
+# The test session runs on one CPU device (conftest.py sets JAX_NUM_CPU_DEVICES=1);
+# train.py's own default shows only without it.
+DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+
+
+@pytest.mark.parametrize("flags, environ, cores, expected", [
+    ([], {}, 2, 2),                                       # the default
+    ([], {}, 16, 2),                                      # 2 on more cores too
+    ([], {}, 1, None),                                    # one core: one device
+    (["--max-tokens", "256", "--max-len", "256"], {}, 2, None),  # one row per batch
+    (["--cpu-devices", "3"], {}, 2, 3),                   # the flag wins
+    (["--cpu-devices", "1"], {"JAX_NUM_CPU_DEVICES": "4"}, 2, 1),
+    ([], {"JAX_NUM_CPU_DEVICES": "4"}, 2, None),          # JAX's own setting stands
+    ([], {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, 2, None),
+])
+def test_the_device_count_follows_the_flag_then_the_environment_then_the_machine(
+        tmp_path, flags, environ, cores, expected):
+    assert chosen_count(tiny_settings(tmp_path, *flags), environ, cores) == expected
+
+
+def train(workdir, *flags) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", "--workdir", str(workdir), *TINY,
+                           "--steps", "6", *flags], cwd=REPO_ROOT, env=DEFAULT_ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_cpu_devices_by_default_train_as_one_and_resume_on_one(tmp_path):
+    split, whole = train(tmp_path / "split"), train(tmp_path / "whole", "--cpu-devices", "1")
+    for result in split, whole:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 cpu device(s)" in split.stderr and "1 cpu device(s)" in whole.stderr
+    (steps, split_losses), (_, whole_losses) = (zip(*losses(tmp_path / name))
+                                                for name in ("split", "whole"))
+    assert steps == tuple(range(1, 7))
+    np.testing.assert_allclose(split_losses, whole_losses, rtol=1e-5)
+
+    # Saved at step 4 on two devices, resumed on one: the same batches follow.
+    resumed = tmp_path / "resumed"
+    assert train(resumed, "--steps", "4").returncode == 0
+    result = train(resumed, "--cpu-devices", "1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_allclose([loss for _, loss in losses(resumed)], split_losses, rtol=1e-5)
