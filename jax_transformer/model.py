@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_transformer import pretrained
+from jax_transformer.kernels import linear as linear_kernels
 from jax_transformer.kernels.dropout import Dropout
 from jax_transformer.layers import Decoder, Encoder, linear
 from jax_transformer.masks import causal_mask, padding_mask
@@ -93,11 +94,10 @@ class TokenModel(nnx.Module):
 
     def project(self, hidden):  # (B, T, D) -> (B, T, V)
         if self.config.tie_output:
-            table = self.target_embedding().embedding[...].astype(hidden.dtype)
-            logits = hidden @ table.T
-            if self.config.output_bias:
-                logits = logits + self.output_bias[...].astype(hidden.dtype)
-            return logits
+            table = self.target_embedding().embedding[...].astype(hidden.dtype)  # (V, D)
+            bias = (self.output_bias[...].astype(hidden.dtype) if self.config.output_bias
+                    else None)
+            return linear_kernels.linear(hidden, table.T, bias)
         return self.output_projection(hidden)
 
     # The checkpoint directory format (see transformer_core.checkpoint_dir).
