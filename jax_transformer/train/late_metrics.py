@@ -7,7 +7,10 @@ every --log-every steps, after the next step has been dispatched (at 1, each
 step is read one step late), and all of them before an evaluation, a checkpoint
 or the end: the non-finite check (TrainingDiverged) still comes before any
 state is saved. Besides evaluations and checkpoints, these are the loop's only
-reads of device values (tests/train/test_train.py watches them).
+reads of device values (tests/train/test_train.py watches them). The loop runs
+no JAX op of its own between steps either: one would queue behind the step just
+dispatched (a CPU device runs its programs in order), and the host would wait
+for it. So the learning rate is computed in the step and read with the loss.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class StepMetrics(NamedTuple):
     step: int
     loss: float
     grad_norm: float
+    lr: float  # the learning rate the update used
     tokens: int
     tokens_per_s: float  # over the steps read together
     elapsed: float  # seconds from the loop's start to the step's start (before its dispatch)
@@ -57,15 +61,15 @@ class LateMetrics:
         self.pending = [] if all_steps else self.pending[-1:]
         if not taken:
             return []
-        values = jax.device_get([(m["loss"], m["grad_norm"]) for _, m, _, _ in taken])
+        values = jax.device_get([(m["loss"], m["grad_norm"], m["lr"]) for _, m, _, _ in taken])
         now = time.time()
         rate = sum(tokens for _, _, tokens, _ in taken) / max(now - self.last_read, 1e-9)
         self.last_read = now
         read = []
-        for (step, _, tokens, elapsed), (loss, grad_norm) in zip(taken, values):
+        for (step, _, tokens, elapsed), (loss, grad_norm, lr) in zip(taken, values):
             loss, grad_norm = float(loss), float(grad_norm)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 raise TrainingDiverged(f"loss {loss} / gradient norm {grad_norm} at step "
                                        f"{step}: stopping")
-            read.append(StepMetrics(step, loss, grad_norm, tokens, rate, elapsed))
+            read.append(StepMetrics(step, loss, grad_norm, float(lr), tokens, rate, elapsed))
         return read

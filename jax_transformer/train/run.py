@@ -171,7 +171,8 @@ class TrainingRun:
         optimizer = make_optimizer(self.schedule, settings.clip_norm)
         if settings.freeze == "embeddings":
             optimizer = freeze(optimizer)
-        self.trainer = Trainer(model, optimizer, settings.label_smoothing)
+        self.trainer = Trainer(model, optimizer, settings.label_smoothing,
+                               schedule=self.schedule)
         num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
@@ -225,11 +226,10 @@ class TrainingRun:
             def read_metrics(all_steps: bool) -> float | None:  # the newest loss read
                 read = self.checked(late, all_steps, last_saved)
                 for m in read:
-                    lr = float(self.schedule(m.step - 1))
-                    metrics_log.write(step=m.step, loss=m.loss, lr=lr, grad_norm=m.grad_norm,
+                    metrics_log.write(step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm,
                                       tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
                                       elapsed=round(m.elapsed, 3))
-                    progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{lr:.2e}",
+                    progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{m.lr:.2e}",
                                          tok_s=f"{m.tokens_per_s:,.0f}")
                     progress.update(1)
                 return read[-1].loss if read else None

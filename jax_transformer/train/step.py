@@ -12,7 +12,7 @@ gradient all-reduce.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -165,10 +165,12 @@ class Trainer:
     """
 
     def __init__(self, model: TokenModel, optimizer: optax.GradientTransformation,
-                 label_smoothing: float = 0.1, mesh: jax.sharding.Mesh | None = None):
+                 label_smoothing: float = 0.1, mesh: jax.sharding.Mesh | None = None,
+                 schedule: Callable | None = None):
         self.graphdef, params, rngs = nnx.split(model, nnx.Param, nnx.RngState)
         self.pad_id, self.architecture = model.config.pad_id, model.config.architecture
         self.optimizer = optimizer
+        self.schedule = schedule  # the optimizer's: each step's metrics then hold its "lr"
         self.label_smoothing = label_smoothing
         self.mesh = mesh or data_parallel_mesh()
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -229,6 +231,9 @@ class Trainer:
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss_sum / num_tokens, "tokens": num_tokens,
                    "grad_norm": optax.tree.norm(grads)}
+        if self.schedule is not None:  # computed here, read with the loss: on the host, a
+            # JAX op would wait behind the step dispatched after this one (late_metrics.py)
+            metrics["lr"] = self.schedule(state.step)
         return TrainState(state.step + 1, params, rngs, opt_state), metrics
 
     def _train_step(self, state: TrainState, batch):

@@ -244,6 +244,28 @@ def test_the_loop_reads_no_device_value_between_its_logging_points(tmp_path, mon
 
 
 @pytest.mark.slow
+def test_the_loop_runs_no_jax_op_of_its_own(tmp_path, monkeypatch):
+    """The loop's only transfers are the explicit ones (batches in, metrics out): an op it
+    ran itself, such as the learning rate computed on the host for metrics.jsonl, would
+    queue behind the step just dispatched (a CPU device runs its programs in order) and
+    the host would wait for that step. Its implicit transfer of the step number fails
+    here; evaluations and the checkpoint at the end run under the same guard."""
+    train = TrainingRun.train
+
+    def guarded(run):
+        with jax.transfer_guard("disallow"):
+            return train(run)
+    monkeypatch.setattr(TrainingRun, "train", guarded)
+    TrainingRun(tiny_settings(tmp_path, "--steps", "12", "--eval-every", "6",
+                              "--checkpoint-every", "12")).run()
+    lines = [r for r in records(tmp_path) if "loss" in r]
+    assert [r["step"] for r in lines] == list(range(1, 13))
+    expected = paper_schedule(32, 4)  # TINY: d_model 32, --warmup 4
+    np.testing.assert_allclose([r["lr"] for r in lines],
+                               [float(expected(step - 1)) for step in range(1, 13)], rtol=1e-6)
+
+
+@pytest.mark.slow
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     with pytest.raises(RunFailed, match="stopping; the last good checkpoint is step") as info:
         tiny_run(tmp_path, "--steps", "30", "--checkpoint-every", "1", "--lr-scale", "1e30")
