@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench_compile, bench_corpus, bench_decode, bench_serve, bench_train, race, report
+from benchmarks import (bench_compile, bench_corpus, bench_decode, bench_serve, bench_train, race,
+                        report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,6 +200,18 @@ def serve_row(system, beam, sentences_per_s, bleu) -> dict:
             "bleu": bleu, "same_as_jax": 0.97}
 
 
+def step_variants_result() -> dict:
+    def variant(label, devices, seconds, ratio):
+        return {"label": label, "environment": {"JAX_NUM_CPU_DEVICES": str(devices)},
+                "devices": devices, "round_seconds": [seconds], "step_seconds": seconds,
+                "vs_first": ratio}
+    return {"variants": [variant("one device", 1, 1.3441, 1.0),
+                         variant("two devices", 2, 1.1802, 0.878)],
+            "settings": {"rounds": 5, "steps": 5, "train_flags": ["--max-tokens", "4096"]},
+            "machine": {"platform": "Linux-test", "processor": "Intel Xeon", "cpus": 2},
+            "versions": {"jax": "0.10.2"}}
+
+
 def serve_result() -> dict:
     return {"checkpoint": "runs/bible/export", "src_path": "test.en", "ref_path": "test.fr",
             "sentences": 300, "batch_size": 32, "beam": 4, "max_len": 128, "rounds": 3,
@@ -244,6 +257,9 @@ PAGES = {
         "-0.24", "+0.25", "runs/bible/export", "test.fr", "300", "ctranslate2", "4.8.5"), (
         "load average 5.2 at the start, 6.8 at the end", "d_model 256", "3+3 layers",
         "vocabulary 8000")),
+    "step_variants": (step_variants, step_variants_result, (
+        "one device", "two devices", "JAX_NUM_CPU_DEVICES=2", "1.344", "1.180", "0.88x",
+        "rounds", "5", "train_flags", "--max-tokens 4096", "jax", "0.10.2"), ("Intel Xeon",)),
     "race": (race, race_result, (
         "train.py (jax_transformer)", "Hugging Face MarianMTModel", "1,234", "4,838", "3,814",
         "20.0", "13.9", "31.8", "32.6", "51.3", "2.346", "3.00", "peak device memory (GiB)",
@@ -307,7 +323,8 @@ def test_committed_pages_are_rendered_from_their_results(results):
     """benchmarks/results/*.md come from their JSON by the script that wrote it, not by
     hand: after a change to a renderer, render them again with --render-only."""
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
-              "race": race, "compile": bench_compile, "serve": bench_serve}[results.stem.split("_")[0]]
+              "race": race, "compile": bench_compile, "serve": bench_serve,
+              "step": step_variants}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -420,6 +437,29 @@ def test_race_smoke(tmp_path):
     page = out.with_suffix(".md").read_text()
     for side in result["sides"].values():
         assert_cells(page, side["what"], f"{side['steps']:,}", f"{side['dev_loss']:.3f}")
+
+
+@pytest.mark.slow  # train.py and two workers in subprocesses
+def test_step_variants_smoke(tmp_path):
+    """Two workers on a tiny run's step, one device each and two: each reports its
+    devices and a step time per round."""
+    run_flags = ["--workdir", str(tmp_path / "run"), "--num-train", "300", "--num-dev", "20",
+                 "--num-test", "20", "--vocab-size", "100", "--d-model", "16", "--heads", "2",
+                 "--d-ff", "32", "--layers", "1", "--max-tokens", "512", "--quiet"]
+    trained = subprocess.run([sys.executable, "train.py", *run_flags, "--steps", "1"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    out = tmp_path / "variants.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_variants.py"), "--rounds", "2",
+         "--steps", "2", "--variant", "one: JAX_NUM_CPU_DEVICES=1",
+         "--variant", "two: JAX_NUM_CPU_DEVICES=2", "--out", str(out), "--", *run_flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    variants = json.loads(out.read_text())["variants"]
+    assert [(v["label"], v["devices"]) for v in variants] == [("one", 1), ("two", 2)]
+    assert all(len(v["round_seconds"]) == 2 and v["step_seconds"] > 0 for v in variants)
+    assert variants[0]["vs_first"] == 1.0
 
 
 def test_a_written_page_is_what_render_only_gives(tmp_path):
