@@ -233,8 +233,9 @@ def describe(result: dict) -> Report:
                "left out. The bare step (benchmarks/bare_step.py, after the race): the "
                "compiled step alone on the run's first batches, each waited for; its MFU "
                "counts matmul FLOPs against a matmul peak measured just before and after it. "
-               "Host s per step: train.py's loop taking a prefetched batch and dispatching "
-               "the step (median)."],
+               "Host s per step: the CPU time of train.py's loop thread taking a "
+               "prefetched batch and dispatching the step, its waits for the devices not "
+               "counted (median; in runs before 2026-11-26, its wall time)."],
         tables=[Table(("side", "steps", "real target tokens/s", "first step (s)",
                        "compile (s)", "BLEU", "chrF", "dev loss", memory), headline,
                       align="lrrrrrrrr"),

@@ -14,9 +14,10 @@ from jax_transformer.train import compiling, peers
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
                     seconds: float, real_tokens: int, seconds_before_training: float,
                     out_of_time: bool, host_seconds: list[float]) -> dict:
-    """host_seconds_per_step: the loop's own time per step (median), taking the
-    prefetched batch and dispatching the step, while the devices run the steps
-    before it."""
+    """host_seconds_per_step: the loop's own work per step (median CPU time of its
+    thread), taking the prefetched batch and dispatching the step while the devices
+    run the steps before it; its waits for the devices (a batch still being
+    transferred, a full dispatch queue) are not counted."""
     fill = train_batches.fill()
     return {"batch_shapes": train_batches.shapes(),
             "real_token_fraction": round(fill["real_fraction"], 4),

@@ -209,7 +209,7 @@ class TrainingRun:
                     else None)
         last_saved = start_step if self.resuming else None
         late = LateMetrics(settings.log_every, started)
-        host_seconds = []  # per step: taking its prefetched batch and dispatching it
+        host_seconds = []  # per step, the loop thread's CPU time: its batch taken, dispatched
         progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                         disable=settings.quiet or not self.primary, dynamic_ncols=True)
         with interrupts.deferred_stops(deadline) as stops, progress, \
@@ -235,13 +235,13 @@ class TrainingRun:
                 return read[-1].loss if read else None
 
             while step < settings.steps and not stops.agreed(step):
-                began = time.time()  # the budget had time left: this step starts
+                began, began_cpu = time.time(), time.thread_time()  # the budget had time left
                 update = next(updates)
                 state, metrics = self.step(state, update.micro_batches)
                 step, data_state = step + 1, update.data_state
                 real_tokens += update.tokens
                 late.add(step, metrics, update.tokens, began)
-                host_seconds.append(time.time() - began)
+                host_seconds.append(time.thread_time() - began_cpu)
                 evaluate = step % settings.eval_every == 0 or step == settings.steps
                 save = step % settings.checkpoint_every == 0 or step == settings.steps
                 if late.due() or evaluate or save:
