@@ -55,7 +55,8 @@ def split_cpu(settings: RunSettings) -> None:
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX's backends are running
-        if settings.train.cpu_devices is not None:
+        running = jax.local_device_count("cpu")
+        if settings.train.cpu_devices is not None and running != count:
             raise TrainError(f"--cpu-devices {count}: JAX already started this process's "
-                             f"backends with {jax.local_device_count('cpu')} CPU device(s); "
-                             "run train.py in a new process") from None
+                             f"backends with {running} CPU device(s); run train.py in a "
+                             "new process") from None

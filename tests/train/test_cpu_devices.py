@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
-from jax_transformer.train.cpu_devices import chosen_count
+from jax_transformer.train.cpu_devices import chosen_count, split_cpu
+from jax_transformer.train.settings import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 
 # The test session runs on one CPU device (conftest.py sets JAX_NUM_CPU_DEVICES=1);
@@ -31,6 +33,16 @@ DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"
 def test_the_device_count_follows_the_flag_then_the_environment_then_the_machine(
         tmp_path, flags, environ, cores, expected):
     assert chosen_count(tiny_settings(tmp_path, *flags), environ, cores) == expected
+
+
+def test_another_count_in_a_process_whose_jax_runs_is_refused(tmp_path):
+    """This test process started JAX with one CPU device (conftest.py): asking for that
+    count again is no error, another one cannot be had without a new process."""
+    jax.devices()
+    split_cpu(tiny_settings(tmp_path, "--cpu-devices", "1"))
+    with pytest.raises(TrainError, match=r"--cpu-devices 3: JAX already started this "
+                                         r"process's backends with 1 CPU device\(s\)"):
+        split_cpu(tiny_settings(tmp_path, "--cpu-devices", "3"))
 
 
 def train(workdir, *flags) -> subprocess.CompletedProcess:
