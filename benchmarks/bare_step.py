@@ -35,8 +35,10 @@ def train_step_flops(config, shape: tuple[int, int, int]) -> float:
     return model_flops_per_step(config, rows, src_len, tgt_len)["train_step"]
 
 
-def measure(train_flags: list[str], steps: int) -> dict:
-    """The bare step's median seconds, real target tokens/s and MFU on the run's batches."""
+def prepared_step(train_flags: list[str], count: int):
+    """(run, state, host batches, device batches): the run rebuilt from its flags (its
+    devices, compile cache and files), the first `count` batches of its epoch 0, and the
+    state after one step on the first, so that the step is compiled (or loaded)."""
     import jax
 
     from jax_transformer.commands.train import parse_args
@@ -44,19 +46,26 @@ def measure(train_flags: list[str], steps: int) -> dict:
     from jax_transformer.train.run import TrainingRun
 
     settings = parse_args(train_flags)
-    cpu_devices.split_cpu(settings)  # the run's devices
+    cpu_devices.split_cpu(settings)  # the run's devices, unless the environment sets them
     compiling.use_compilation_cache(settings.train.compile_cache)
     run = TrainingRun(settings)
     run.primary, run.workdir = False, Path(settings.train.workdir)  # reads the run's files only
     run.prepare()
-    trainer, batches = run.trainer, run.batches["train"]
-    iterator = batches.iterator()
-    host_batches = [next(iterator) for _ in range(steps)]
-    tokens = [int((b["tgt_out"] != trainer.pad_id).sum()) for b in host_batches]
-    device_batches = [trainer.shard_batch(b) for b in host_batches]
-    state = trainer.initial_state
-    state, metrics = trainer.train_step(state, device_batches[0])  # compiled, or from the cache
+    iterator = run.batches["train"].iterator()
+    host_batches = [next(iterator) for _ in range(count)]
+    device_batches = [run.trainer.shard_batch(b) for b in host_batches]
+    state, metrics = run.trainer.train_step(run.trainer.initial_state, device_batches[0])
     jax.block_until_ready(metrics)
+    return run, state, host_batches, device_batches
+
+
+def measure(train_flags: list[str], steps: int) -> dict:
+    """The bare step's median seconds, real target tokens/s and MFU on the run's batches."""
+    import jax
+
+    run, state, host_batches, device_batches = prepared_step(train_flags, steps)
+    trainer, batches, settings = run.trainer, run.batches["train"], run.settings
+    tokens = [int((b["tgt_out"] != trainer.pad_id).sum()) for b in host_batches]
     peak = runner.MatmulPeak(runner.MatmulPeak.default_size(jax.default_backend()),
                              settings.train.dtype)
     peaks = [peak.measure()]

@@ -5,7 +5,7 @@
 
 Each variant is a worker process with its environment variables set (JAX's
 device count, XLA_FLAGS, JAX_TRANSFORMER_KERNELS...), which builds the run's
-batches and compiled step as bare_step.py does (the flags' --workdir holds a
+batches and compiled step as bare_step.py does (`prepared_step`) (the flags' --workdir holds a
 started or finished run: its tokenizer). The workers then take turns: in each
 round every variant runs --steps steps on the same batches, each waited for,
 so that they share the machine's state alike; the figure per variant is the
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import report, runner  # noqa: E402
+from benchmarks import bare_step, report, runner  # noqa: E402
 
 BATCHES = 8  # the run's first batches, used in turn
 
@@ -45,20 +45,8 @@ def worker(train_flags: list[str]) -> None:
     steps and print their median seconds."""
     import jax
 
-    from jax_transformer.commands.train import parse_args
-    from jax_transformer.train import compiling, cpu_devices
-    from jax_transformer.train.run import TrainingRun
-
-    settings = parse_args(train_flags)
-    cpu_devices.split_cpu(settings)  # train.py's devices, unless the variant sets them
-    compiling.use_compilation_cache(settings.train.compile_cache)
-    run = TrainingRun(settings)
-    run.primary, run.workdir = False, Path(settings.train.workdir)  # reads the run's files only
-    run.prepare()
-    trainer, iterator = run.trainer, run.batches["train"].iterator()
-    batches = [trainer.shard_batch(next(iterator)) for _ in range(BATCHES)]
-    state, metrics = trainer.train_step(trainer.initial_state, batches[0])
-    jax.block_until_ready(metrics)
+    run, state, _, batches = bare_step.prepared_step(train_flags, BATCHES)
+    trainer = run.trainer
     print("ready", jax.device_count(), flush=True)
     done = 0
     for line in sys.stdin:
