@@ -183,21 +183,35 @@ def complete_steps(workdir: str | Path) -> list[int]:
 
 
 def drop_closed_loop_reports() -> None:
-    """Silence one known echo of a failed restore: tensorstore reads still in flight
-    call back into orbax's event loop after it closed, and Python reports each as an
-    unraisable `RuntimeError: Event loop is closed` (dozens of tracebacks). Other
-    unraisable errors are still reported."""
+    """Silence the known echoes of a failed restore (`failed_restore_echo`), which
+    Python would print as unraisable errors (dozens of tracebacks) after the restore's
+    own error. Other unraisable errors are still reported."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_closed_loop", False):
         return
 
     def hook(unraisable):
-        error = unraisable.exc_value
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        if not failed_restore_echo(unraisable):
             previous(unraisable)
 
     hook.drops_closed_loop = True
     sys.unraisablehook = hook
+
+
+# orbax's coroutine that reads one array of a restore
+ARRAY_READ = "_read_array_index_and_device_put"
+
+
+def failed_restore_echo(unraisable) -> bool:
+    """Whether an unraisable error (sys.UnraisableHookArgs) repeats a failed restore:
+    tensorstore reads still in flight calling back into orbax's event loop after it
+    closed (`RuntimeError: Event loop is closed`), or the reads of other arrays of a
+    damaged checkpoint, whose coroutines were dropped with their errors once the
+    first error was raised."""
+    error, source = unraisable.exc_value, unraisable.object
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    return getattr(getattr(source, "cr_code", None), "co_name", None) == ARRAY_READ
 
 
 def run_directory(path: str | Path) -> Path:
