@@ -5,8 +5,8 @@
 
 Each variant is a worker process with its environment variables set (JAX's
 device count, XLA_FLAGS, JAX_TRANSFORMER_KERNELS...), which builds the run's
-batches and compiled step as bare_step.py does (`prepared_step`) (the flags' --workdir holds a
-started or finished run: its tokenizer). The workers then take turns: in each
+batches and compiled step with bare_step.prepared_step (the flags' --workdir
+holds a started or finished run: its tokenizer). The workers then take turns: in each
 round every variant runs --steps steps on the same batches, each waited for,
 so that they share the machine's state alike; the figure per variant is the
 median over rounds of each round's median step time.

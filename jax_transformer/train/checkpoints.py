@@ -17,8 +17,11 @@ resume, and the run goes on from the newest one that reads back whole.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -144,7 +147,7 @@ class Checkpointer:
         args = {name: ocp.args.JsonRestore() if like is None else ocp.args.StandardRestore(
                     jax.tree.map(ocp.utils.to_shape_dtype_struct, like))
                 for name, like in likes.items()}
-        drop_closed_loop_reports()  # installed before: the reports can come before the raise
+        drop_failed_restore_echoes()  # installed before: the reports can come before the raise
         try:
             return self.manager.restore(step, args=ocp.args.Composite(**args))
         except Exception as e:  # orbax, tensorstore and json raise many types for one fault
@@ -182,36 +185,58 @@ def complete_steps(workdir: str | Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def drop_closed_loop_reports() -> None:
-    """Silence the known echoes of a failed restore (`failed_restore_echo`), which
-    Python would print as unraisable errors (dozens of tracebacks) after the restore's
-    own error. Other unraisable errors are still reported."""
+def drop_failed_restore_echoes() -> None:
+    """Silence the echoes of a failed restore, which come after its own error (raised
+    as UnreadableCheckpoint) as dozens of tracebacks: tensorstore reads still in flight
+    calling back into orbax's event loop after it closed (unraisable `RuntimeError:
+    Event loop is closed`), and the reads of the checkpoint's other arrays, dropped
+    with their errors (`failed_read`): unraisable coroutines, asyncio's "exception
+    was never retrieved" records, "coroutine ... was never awaited" warnings. Other
+    unraisable errors and records still show."""
     previous = sys.unraisablehook
-    if getattr(previous, "drops_closed_loop", False):
+    if getattr(previous, "drops_restore_echoes", False):
         return
 
     def hook(unraisable):
-        if not failed_restore_echo(unraisable):
+        if not failed_restore_echo(unraisable.exc_value):
             previous(unraisable)
 
-    hook.drops_closed_loop = True
+    hook.drops_restore_echoes = True
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_drop_failed_reads)
+    warnings.filterwarnings("ignore", message=f"coroutine '{ARRAY_READ}' was never awaited",
+                            category=RuntimeWarning)
 
 
-# orbax's coroutine that reads one array of a restore
-ARRAY_READ = "_read_array_index_and_device_put"
+ARRAY_READ = "_read_array_index_and_device_put"  # orbax's coroutine reading one array
+# How orbax (wrapping tensorstore's error) and tensorstore say that a read failed.
+ORBAX_READ_ERROR = "Encountered error while reading array index"
+TENSORSTORE_READ_ERROR = re.compile(r"[A-Z_]+: Error reading ")
 
 
-def failed_restore_echo(unraisable) -> bool:
-    """Whether an unraisable error (sys.UnraisableHookArgs) repeats a failed restore:
-    tensorstore reads still in flight calling back into orbax's event loop after it
-    closed (`RuntimeError: Event loop is closed`), or the reads of other arrays of a
-    damaged checkpoint, whose coroutines were dropped with their errors once the
-    first error was raised."""
-    error, source = unraisable.exc_value, unraisable.object
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        return True
-    return getattr(getattr(source, "cr_code", None), "co_name", None) == ARRAY_READ
+def failed_read(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from, is a checkpoint array's read
+    failing."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if ORBAX_READ_ERROR in text or TENSORSTORE_READ_ERROR.match(text):
+            return True
+        error = error.__cause__
+    return False
+
+
+def failed_restore_echo(error: BaseException | None) -> bool:
+    """Whether an unraisable error repeats a failed restore (drop_failed_restore_echoes)."""
+    return (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+            or failed_read(error))
+
+
+def _drop_failed_reads(record: logging.LogRecord) -> bool:
+    """A logging filter: False for a record of a failed read (asyncio's "exception was
+    never retrieved")."""
+    return not (record.exc_info and failed_read(record.exc_info[1]))
 
 
 def run_directory(path: str | Path) -> Path:

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 from jax_transformer.train.checkpoints import (CHECKPOINTS, Checkpointer, complete_steps,
-                                               drop_closed_loop_reports)
+                                               drop_failed_restore_echoes)
 from transformer_core.errors import RunFailed
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
@@ -73,7 +73,7 @@ def quiet_echoes() -> None:
     """Drop the background reports of a full disk (see the module's text) for the rest
     of the process: they come while the run goes and after it ends, and the run says
     it in one line. Other records of those loggers, and other errors, still show."""
-    drop_closed_loop_reports()
+    drop_failed_restore_echoes()
     _FILTER.run_stopped = False  # a new run (in this process) shows what it meets
     for name in ECHOING_LOGGERS:
         logger = logging.getLogger(name)
