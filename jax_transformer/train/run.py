@@ -29,7 +29,7 @@ from jax_transformer import scanned, signals
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
-                                   finetune, interrupts, plots)
+                                   finetune, host_memory, interrupts, plots)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
@@ -71,6 +71,7 @@ class TrainingRun:
         settings = self.settings.train
         distributed.check_environment(settings)
         cpu_devices.split_cpu(self.settings)
+        host_memory.keep_freed_memory()
         if not settings.distributed:
             return self._run_or_disk_full()
         distributed.initialize(settings)

@@ -1,0 +1,87 @@
+"""train.py keeps the host memory XLA frees between steps (train/host_memory.py): a
+block freed by a thread is reused by the next allocation, not faulted in again."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from jax_transformer.train.host_memory import ENVIRONMENT_VARIABLE, wanted
+from tests.train.runs import REPO_ROOT
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+
+# Page faults of a 100 MB block written by a new thread (as XLA's threads write a
+# step's buffers), after the same block was allocated and freed once before.
+FRESH_BLOCK_FAULTS = """
+import ctypes, resource, threading
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+libc.free.argtypes = (ctypes.c_void_p,)
+
+def fresh_block_faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(100 * 2**20)  # 100 MB, written, freed
+    libc.memset(block, 1, 100 * 2**20)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+faults = []
+for _ in range(2):
+    thread = threading.Thread(target=fresh_block_faults)
+    thread.start()
+    thread.join()
+print(faults[-1])
+"""
+BLOCK_PAGES = 100 * 2 ** 20 // 4096  # 25,600
+
+
+def faults_after(setup: str, environ: dict) -> int:
+    result = subprocess.run([sys.executable, "-c", setup + FRESH_BLOCK_FAULTS], cwd=REPO_ROOT,
+                            env={**os.environ, **environ}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return int(result.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, True),
+    ({ENVIRONMENT_VARIABLE: "0"}, False),                            # turned off
+    ({ENVIRONMENT_VARIABLE: "1"}, True),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, False),         # the user's malloc
+    ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=512"}, True),  # not malloc's
+])
+@glibc_only
+def test_glibc_is_set_unless_the_environment_says_otherwise(environ, expected):
+    assert wanted(environ) is expected
+
+
+KEEP = "from jax_transformer.train.host_memory import keep_freed_memory\nassert keep_freed_memory()\n"
+
+
+@glibc_only
+def test_a_freed_block_is_reused_without_page_faults():
+    kept, returned = faults_after(KEEP, {}), faults_after("", {})
+    assert returned > BLOCK_PAGES // 2  # glibc's default: mapped and unmapped each time
+    assert kept < BLOCK_PAGES // 20
+
+
+TRAIN = """
+import sys, tempfile
+from tests.train.runs import tiny_run
+tiny_run(tempfile.mkdtemp(), "--steps", "2", "--checkpoint-every", "2", "--eval-every", "2")
+"""
+
+
+@pytest.mark.slow
+@glibc_only
+def test_train_py_keeps_freed_memory_unless_turned_off():
+    kept = faults_after(TRAIN, {})
+    returned = faults_after(TRAIN, {ENVIRONMENT_VARIABLE: "0"})
+    assert returned > BLOCK_PAGES // 2
+    assert kept < BLOCK_PAGES // 20
