@@ -3,8 +3,9 @@ and a text's unigram entropy (the baseline a language model must beat)."""
 
 from __future__ import annotations
 
+import collections
 import math
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import sacrebleu
@@ -14,12 +15,29 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 from jax_transformer.data.packing import PackedBatches
 
 
+# Batches an evaluation dispatches before it reads the first one's sums: the host
+# builds and shards the next batches while the devices run these.
+EVAL_BATCHES_IN_FLIGHT = 2
+
+
+def lagging(items: Iterator, lag: int) -> Iterator:
+    """`items`' items in order, each once `lag` more have been taken from `items`
+    (or it ran out)."""
+    window = collections.deque()
+    for item in items:
+        window.append(item)
+        if len(window) > lag:
+            yield window.popleft()
+    yield from window
+
+
 def heldout_loss(trainer, state, batches: PackedBatches) -> dict:
     """Over one pass, per target token: the label-smoothed loss (what training
     minimises), the negative log-likelihood in nats and its perplexity exp(nll)."""
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
-    for batch in batches.epoch(0, trainer.local_rows):
-        metrics = trainer.eval_step(state, trainer.shard_batch(batch))
+    dispatched = (trainer.eval_step(state, trainer.shard_batch(batch))
+                  for batch in batches.epoch(0, trainer.local_rows))
+    for metrics in lagging(dispatched, EVAL_BATCHES_IN_FLIGHT):
         loss_sum += float(metrics["loss_sum"])
         nll_sum += float(metrics["nll_sum"])
         tokens += int(metrics["tokens"])
