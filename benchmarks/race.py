@@ -23,7 +23,8 @@ scored with sacreBLEU and chrF. The two sides run one after the other:
   length-sorted batches of at most --max-tokens padded token slots per side in
   shuffled order, Adam(0.9, 0.98, 1e-9) (fused on CUDA) with the paper's
   schedule, label smoothing 0.1, bf16 autocast on CUDA (float32 on CPU), no
-  torch.compile; decoded with `generate(num_beams=1)`.
+  torch.compile; decoded with `generate(num_beams=1)`; glibc's malloc as it
+  comes, or with --peer-malloc kept keeping freed memory as train.py does.
 
 Both train the same SentencePiece BPE vocabulary (train.py's own
 `train_tokenizer`, same pairs and seed, so the same pieces), skip pairs longer
@@ -67,9 +68,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import report, runner  # noqa: E402
 from benchmarks.race_peer import LABEL_SMOOTHING, PEER_TOKENIZER_FILE, run_peer  # noqa: E402
 from benchmarks.report import Report, Table  # noqa: E402
+from jax_transformer.train import host_memory  # noqa: E402
 from transformer_core.checkpoint_dir import TOKENIZER_FILE  # noqa: E402
 
 SIDES = ("ours", "peer")
+PEER_MALLOC = ("default", "kept")
 OURS_DIR = "ours"  # train.py's --workdir inside the race's
 
 
@@ -85,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"),
                    help="default: cuda if torch sees a GPU, else cpu")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--peer-malloc", choices=PEER_MALLOC, default="default",
+                   help="the peer's process: glibc's malloc as a plain loop has it (default), "
+                        "or keeping freed memory as train.py does (train/host_memory.py)")
     g = p.add_argument_group("model and training, the same on both sides (default: the "
                              "paper's base model)")
     runner.add_model_args(g)
@@ -281,6 +287,9 @@ def main(argv=None) -> dict:
     if (rendered := report.render_only(argv, describe)) is not None:
         return rendered
     args = parse_args(argv)
+    if args.peer_malloc == "kept" and not host_memory.keep_freed_memory():  # before torch's threads
+        raise SystemExit("error: --peer-malloc kept needs glibc, no malloc setting in "
+                         f"GLIBC_TUNABLES and no {host_memory.ENVIRONMENT_VARIABLE}=0")
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="race-"))
@@ -289,6 +298,8 @@ def main(argv=None) -> dict:
         sides = {}
         for side in args.sides:
             sides[side] = (run_ours if side == "ours" else run_peer)(args, workdir)
+            if side == "peer" and args.peer_malloc == "kept":
+                sides[side]["what"] += ", glibc keeping freed memory"
             print(f"{side}: " + json.dumps({k: v for k, v in sides[side].items()
                                             if k not in ("dev_curve", "command")}), flush=True)
         same_tokenizer = (filecmp.cmp(workdir / OURS_DIR / TOKENIZER_FILE,

@@ -61,7 +61,10 @@ def test_glibc_is_set_unless_the_environment_says_otherwise(environ, expected):
     assert wanted(environ) is expected
 
 
-KEEP = "from jax_transformer.train.host_memory import keep_freed_memory\nassert keep_freed_memory()\n"
+KEEP = """
+from jax_transformer.train.host_memory import keep_freed_memory
+assert keep_freed_memory()
+"""
 
 
 @glibc_only
@@ -72,7 +75,7 @@ def test_a_freed_block_is_reused_without_page_faults():
 
 
 TRAIN = """
-import sys, tempfile
+import tempfile
 from tests.train.runs import tiny_run
 tiny_run(tempfile.mkdtemp(), "--steps", "2", "--checkpoint-every", "2", "--eval-every", "2")
 """
