@@ -4,9 +4,10 @@ XLA:CPU allocates a step's buffers when it runs it and frees them at its end.
 glibc's malloc hands large blocks straight back to the kernel: blocks over
 its mmap threshold (at most 32 MB), every block too large for a thread's own
 arena (XLA's threads allocate there), and the heap's free top. The next step
-faults the same memory in again, page by page, each page zeroed by the kernel. In the race's step
-(2 devices, 1.1 s) that was 224k page faults and 0.33 s of kernel time per
-step, against 0.02 s with the memory kept (docs/performance.md, "Host memory").
+faults the same memory in again, page by page, each page zeroed by the kernel.
+In the race's step (2 devices, 1.1 s) that was 224k page faults and 0.33 s of
+kernel time per step; with the memory kept, 56k and 0.085 s, and the step 15%
+faster (docs/performance.md, "Host memory").
 
     keep_freed_memory()   before JAX starts its threads: glibc keeps what is freed
 

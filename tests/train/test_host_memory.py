@@ -42,8 +42,12 @@ BLOCK_PAGES = 100 * 2 ** 20 // 4096  # 25,600
 
 
 def faults_after(setup: str, environ: dict) -> int:
+    """In a new process: `setup`, then FRESH_BLOCK_FAULTS, with malloc's settings from
+    `environ` only (none the test's own environment may carry)."""
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in (ENVIRONMENT_VARIABLE, "GLIBC_TUNABLES")}
     result = subprocess.run([sys.executable, "-c", setup + FRESH_BLOCK_FAULTS], cwd=REPO_ROOT,
-                            env={**os.environ, **environ}, capture_output=True, text=True,
+                            env={**inherited, **environ}, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return int(result.stdout.split()[-1])
@@ -75,16 +79,16 @@ def test_a_freed_block_is_reused_without_page_faults():
 
 
 TRAIN = """
-import tempfile
 from tests.train.runs import tiny_run
-tiny_run(tempfile.mkdtemp(), "--steps", "2", "--checkpoint-every", "2", "--eval-every", "2")
+tiny_run({workdir!r}, "--steps", "2", "--checkpoint-every", "2", "--eval-every", "2")
 """
 
 
 @pytest.mark.slow
 @glibc_only
-def test_train_py_keeps_freed_memory_unless_turned_off():
-    kept = faults_after(TRAIN, {})
-    returned = faults_after(TRAIN, {ENVIRONMENT_VARIABLE: "0"})
+def test_train_py_keeps_freed_memory_unless_turned_off(tmp_path):
+    kept = faults_after(TRAIN.format(workdir=str(tmp_path / "kept")), {})
+    returned = faults_after(TRAIN.format(workdir=str(tmp_path / "returned")),
+                            {ENVIRONMENT_VARIABLE: "0"})
     assert returned > BLOCK_PAGES // 2
     assert kept < BLOCK_PAGES // 20
