@@ -6,6 +6,9 @@ locally with num2words) and a small model, end to end on a CPU in minutes.
 With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
 
     jaxformer-train --workdir runs/numbers
+    jaxformer-prepare --output data/wmt --src-path train.en --tgt-path train.de \
+        --vocab-size 32000 --tokenizer-type bpe      # once, on every core; then:
+    jaxformer-train --workdir runs/wmt --data data/wmt --preset base --max-tokens 25000
     jaxformer-train --workdir runs/wmt --src-path train.en --tgt-path train.de \\
         --preset base --max-tokens 25000 --steps 100000 --warmup 4000 --dtype bfloat16
     jaxformer-train --task lm --workdir runs/counting       # built-in text: counting in words
@@ -30,11 +33,12 @@ import sys
 from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes
+from jax_transformer.data.prepare import Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
                                             TASK_ARCHITECTURES, TASK_DEFAULTS, DataSettings,
                                             ModelSettings, RunSettings, TrainError,
-                                            TrainSettings)
+                                            TrainSettings, from_prepared)
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -61,9 +65,10 @@ def build_parser(argv=None) -> ArgumentParser:
     chosen, _ = add_default_choosers(argparse.ArgumentParser(
         prog="jaxformer-train", add_help=False)).parse_known_args(argv)
     task = argparse.ArgumentParser(add_help=False)
-    init = init_dir(argv)
+    init, prepared = init_dir(argv), prepared_dir(argv)
     task.add_argument("--task", choices=TASK_ARCHITECTURES,
-                      default=init.task if init and init.task else "translate")
+                      default=init.task if init and init.task else
+                      prepared.key["corpus"]["task"] if prepared else "translate")
     model_defaults = dict(PRESETS[chosen.preset])
     data_defaults, finetune_defaults = {}, {}
     if init is not None:  # DIR's model; a flag given beside it may only repeat it
@@ -103,13 +108,28 @@ def init_dir(argv=None) -> finetune.InitDir | None:
     return finetune.read_init_dir(path) if path else None
 
 
+def prepared_dir(argv=None) -> Prepared | None:
+    """--data's prepared corpus, or None without the flag."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--data")
+    path = pre.parse_known_args(argv)[0].data
+    return Prepared(path) if path else None
+
+
 def parse_args(argv=None) -> RunSettings:
-    """The flags as the run's settings; bad values raise a TrainError naming the flag."""
+    """The flags as the run's settings; bad values raise a TrainError naming the flag.
+    With --data DIR, the corpus settings are the ones DIR was prepared with."""
     args = build_parser(argv).parse_args(argv)
-    train = args.train
+    train, data = args.train, args.data
     if args.no_compile_cache:
         train = dataclasses.replace(train, compile_cache=None)
-    settings = RunSettings(args.data, args.model, train)
+    if data.data:
+        if train.init_from:
+            raise TrainError(f"--data {data.data} holds a corpus encoded with its own "
+                             f"tokenizer; --init-from {train.init_from} brings the "
+                             "checkpoint's: drop --data, and give the corpus files")
+        data = from_prepared(data, Prepared(data.data).key["corpus"], data.data)
+    settings = RunSettings(data, args.model, train)
     if train.init_from:
         finetune.check_settings(settings, finetune.read_init_dir(train.init_from))
     return settings

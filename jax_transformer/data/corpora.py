@@ -226,17 +226,22 @@ def _skip_reason(src: str, tgt: str, max_chars: int) -> str | None:
 
 def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
                        max_chars: int = 1000) -> tuple[list[Pair], CorpusReport]:
-    """Read two aligned files, one sentence per line, UTF-8.
+    """Read two aligned files, one sentence per line, UTF-8 (`parallel_text`)."""
+    report = CorpusReport(f"{src_path} | {tgt_path}")
+    return _finish(list(parallel_text(src_path, tgt_path, report, max_chars)), report)
 
-    Raises CorpusError for a missing or empty file, for unequal line counts
-    (naming both) and when no pair survives; skips and counts pairs with an
-    empty side, a side over `max_chars` characters, or bytes that are not UTF-8.
+
+def parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
+                  report: CorpusReport, max_chars: int = 1000) -> Iterator[Pair]:
+    """The usable pairs of two aligned files, one sentence per line, UTF-8, as they are read.
+
+    Raises CorpusError for a missing or empty file and, once read, for unequal line
+    counts (naming both); skips and counts in `report` pairs with an empty side, a side
+    over `max_chars` characters, or bytes that are not UTF-8.
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     for path in (src_path, tgt_path):
         _check_non_empty(path)
-    report = CorpusReport(f"{src_path} | {tgt_path}")
-    pairs = []
     src_count = tgt_count = 0
     for line, (src_raw, tgt_raw) in enumerate(
             itertools.zip_longest(_raw_lines(src_path), _raw_lines(tgt_path)), start=1):
@@ -253,24 +258,35 @@ def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
         if reason:
             report.skip(reason, line)
             continue
-        pairs.append((src, tgt))
+        report.kept += 1
+        yield src, tgt
     if src_count != tgt_count:
         raise CorpusError(f"{src_path} has {src_count} lines but {tgt_path} has {tgt_count}; "
                           "parallel files must have one line per sentence pair")
-    return _finish(pairs, report)
 
 
 def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
                  delimiter: str | None = None,
                  max_chars: int = 1000) -> tuple[list[Pair], CorpusReport]:
-    """Read a TSV/CSV file whose header row names `src_column` and `tgt_column`.
+    """Read a TSV/CSV file whose header row names `src_column` and `tgt_column`
+    (`column_pairs`)."""
+    report = CorpusReport(f"{path} [{src_column} -> {tgt_column}]")
+    return _finish(list(column_pairs(path, src_column, tgt_column, report, delimiter,
+                                     max_chars)), report)
+
+
+def column_pairs(path: str | os.PathLike, src_column: str, tgt_column: str,
+                 report: CorpusReport, delimiter: str | None = None,
+                 max_chars: int = 1000) -> Iterator[Pair]:
+    """The usable pairs of a TSV/CSV file whose header row names `src_column` and
+    `tgt_column`, as they are read.
 
     The delimiter defaults to a tab for *.tsv / *.tab and a comma otherwise.
     TSV is read without quoting (a stray `"` inside a sentence stays text), CSV
-    with standard quoting. Raises CorpusError for a missing or empty file, a
-    missing column (naming the columns there are) and when no pair survives;
-    skips and counts rows that are short, empty, too long or not UTF-8.
-    Line numbers in the report count the header as line 1.
+    with standard quoting. Raises CorpusError for a missing or empty file and a
+    missing column (naming the columns there are); skips and counts in `report` rows
+    that are short, empty, too long or not UTF-8. Line numbers in the report count
+    the header as line 1.
     """
     path = Path(path)
     _check_non_empty(path)
@@ -278,8 +294,6 @@ def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
         delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     _check_encoding(path)
-    report = CorpusReport(f"{path} [{src_column} -> {tgt_column}]")
-    pairs = []
     # surrogateescape keeps bad bytes as lone surrogates, so one bad row is skipped
     # instead of the whole file failing to decode.
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
@@ -307,24 +321,28 @@ def read_columns(path: str | os.PathLike, src_column: str, tgt_column: str,
                 if reason:
                     report.skip(reason, line)
                     continue
-                pairs.append((src, tgt))
+                report.kept += 1
+                yield src, tgt
         except csv.Error as e:
             raise CorpusError(f"{path}, line {reader.line_num}: {e}") from e
-    return _finish(pairs, report)
 
 
 def read_text(path: str | os.PathLike, max_chars: int = 1000) -> tuple[list[str], CorpusReport]:
-    """Read a text file for a language model, one example (a sentence, a paragraph)
-    per line, UTF-8.
+    """Read a text file for a language model, one example per line (`text_lines`)."""
+    report = CorpusReport(str(path), unit="lines")
+    return _finish(list(text_lines(path, report, max_chars)), report)
 
-    Raises CorpusError for a missing or empty file and when no line survives;
-    skips and counts empty lines, lines over `max_chars` characters, and lines
-    with bytes that are not UTF-8.
+
+def text_lines(path: str | os.PathLike, report: CorpusReport,
+               max_chars: int = 1000) -> Iterator[str]:
+    """The usable lines of a text file for a language model, one example (a sentence, a
+    paragraph) per line, UTF-8, as they are read.
+
+    Raises CorpusError for a missing or empty file; skips and counts in `report` empty
+    lines, lines over `max_chars` characters, and lines with bytes that are not UTF-8.
     """
     path = Path(path)
     _check_non_empty(path)
-    report = CorpusReport(str(path), unit="lines")
-    lines = []
     for number, raw in enumerate(_raw_lines(path), start=1):
         try:
             text = raw.decode("utf-8").strip()
@@ -335,8 +353,8 @@ def read_text(path: str | os.PathLike, max_chars: int = 1000) -> tuple[list[str]
         if reason:
             report.skip(reason, number)
             continue
-        lines.append(text)
-    return _finish(lines, report)
+        report.kept += 1
+        yield text
 
 
 def _is_utf8(text: str) -> bool:
@@ -350,7 +368,10 @@ def _is_utf8(text: str) -> bool:
 def _finish(examples: list[Example],
             report: CorpusReport) -> tuple[list[Example], CorpusReport]:
     if not examples:
-        raise CorpusError(f"{report}: no usable "
-                          + ("sentence pair" if report.unit == "pairs" else "line"))
-    report.kept = len(examples)
+        raise CorpusError(no_usable(report))
     return examples, report
+
+
+def no_usable(report: CorpusReport) -> str:
+    """The error for a corpus of which nothing was kept."""
+    return f"{report}: no usable " + ("sentence pair" if report.unit == "pairs" else "line")

@@ -18,11 +18,11 @@ import numpy as np
 
 from jax_transformer.data.corpora import CorpusError, CorpusReport, Pair
 from transformer_core.errors import InputError
-from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer
+from transformer_core.tokenizer import UNK_ID, CheckpointTokenizer, Tokenizer
 
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
-UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (count_many_unknown)
+UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (encode_worker.py)
 
 
 def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,
@@ -123,17 +123,10 @@ def _encode_one_by_one(tokenizer: CheckpointTokenizer,
             raise CorpusError(f"pair {number} {e}") from None
 
 
-def count_many_unknown(sides: Sequence[Sequence[np.ndarray] | None], unk_ids: Sequence[int],
-                   share: float = UNKNOWN_SHARE) -> int:
-    """How many examples (pairs, or lines) have a side whose pieces are `share` or more
-    unknown: text the tokenizer does not cover (another script, another language).
-    `sides` are parallel lists of id arrays (None for a missing side), `unk_ids` each
-    side's unknown id."""
-    flagged = None
-    for ids, unk in zip(sides, unk_ids):
-        if ids is None:
-            continue
-        unknown = np.fromiter(((x == unk).sum() >= share * max(len(x), 1) and len(x) > 0
-                               for x in ids), bool, len(ids))
-        flagged = unknown if flagged is None else flagged | unknown
-    return int(flagged.sum()) if flagged is not None else 0
+def unknown_id(tokenizer, side: str) -> int:
+    """The <unk> id of a side: a Marian or FSMT tokenizer's vocabulary of that side, an
+    M2M100/NLLB tokenizer's, or ours."""
+    vocab = getattr(tokenizer, "vocab", None)
+    if isinstance(vocab, dict) and isinstance(vocab.get(side), dict):  # one per side
+        return vocab[side]["<unk>"]
+    return getattr(tokenizer, "unk_id", UNK_ID)

@@ -1,6 +1,7 @@
 """From encoded sentences to packed, fixed-shape, token-budget batches that resume exactly.
 
-    src_ids, tgt_ids (encoding.py) --PackedBatches--> {"src", "src_segments",
+    src_ids, tgt_ids (encoding.py, or a prepared corpus's stores: store.py)
+        --PackedBatches--> {"src", "src_segments",
         "src_positions", "tgt_in", "tgt_out", "tgt_segments", "tgt_positions"}  (R, L) each
     ids of lines (encoding.encode_lines) --PackedBatches(None, ids)--> the target side
         alone, TEXT_KEYS
@@ -24,30 +25,36 @@ packed best-fit decreasing: longest first, each into the open row with the least
 target room left that holds it on both sides, else into a new row of the
 first row shape that fits. A row shape's last, partial batch gets all-pad rows.
 
-Resume. The batch plan of epoch e is a pure function of (seed, e): the pairs are
-shuffled (ties in length keep that order), packed, the rows shuffled and cut
-into batches, and the batches shuffled. A `BatchIterator`'s position is {"epoch":
-e, "index": i, ...}, so a run restored from a checkpoint sees exactly the batches
-an uninterrupted run would have seen. Needs numpy and sentencepiece, not JAX.
+Blocks. An epoch's pairs are shuffled, then packed PLAN_BLOCK at a time: each block's
+rows are shuffled and cut into batches, and its batches shuffled. So planning
+costs the same per block however large the corpus, and only the block in use is
+in memory, as indices; the sentences themselves are gathered from their stores
+(store.py: in memory, or memory-mapped from a prepared corpus) batch by batch. A
+corpus of one block is planned as it was before blocks (its first 500,000 pairs).
+
+Resume. The plan of block b of epoch e is a pure function of (seed, e, b): ties
+in length keep the shuffled order. A `BatchIterator`'s position is {"epoch": e,
+"block": b, "index": i, ...}, so a run restored from a checkpoint sees exactly
+the batches an uninterrupted run would have seen. Needs numpy, not JAX.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import functools
-import hashlib
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from jax_transformer.data import store
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.encoding import ENCODE_CHUNK
+from jax_transformer.data.store import TokenStore
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROWS_CHECKED = 8  # pack_rows: open rows tried per target room before looking further
 ROW_SENTENCES = 4  # average sentences a row of fitting_row_shape holds, at least
+PLAN_BLOCK = 500_000  # examples packed together; an epoch of more is planned block by block
 TEXT_KEYS = ("tgt_in", "tgt_out", "tgt_segments", "tgt_positions")  # a language model's batch
 BATCH_KEYS = ("src", "src_segments", "src_positions") + TEXT_KEYS  # a translation batch
 
@@ -62,9 +69,12 @@ def padded_length(length: int, boundaries: Sequence[int]) -> int:
     return int(boundaries[np.searchsorted(boundaries, length)])
 
 
-def positions_needed(ids: Sequence[np.ndarray]) -> np.ndarray:
-    """(n,) positions each sentence takes in a row: its pieces plus eos (or bos)."""
-    return np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
+def positions_needed(ids: Sequence[np.ndarray] | TokenStore) -> np.ndarray:
+    """(n,) positions each sentence takes in a row: its pieces plus eos (or bos); uint16
+    (a store's lengths are)."""
+    if isinstance(ids, TokenStore):
+        return ids.lengths + np.uint16(1)
+    return np.fromiter((len(x) + 1 for x in ids), np.uint16, len(ids))
 
 
 def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
@@ -75,7 +85,8 @@ def pack_rows(src_needed: np.ndarray, tgt_needed: np.ndarray, order: np.ndarray,
     order); each goes into the open row with the least target room that still
     holds it on both sides, else opens a row of the first shape that holds it.
     """
-    longest_first = order[np.argsort(-np.maximum(src_needed, tgt_needed)[order], kind="stable")]
+    longest = np.maximum(src_needed, tgt_needed)[order].astype(np.int32)
+    longest_first = order[np.argsort(-longest, kind="stable")]
     rows: list[tuple[int, list[int]]] = []
     src_room: list[int] = []
     by_tgt_room: dict[int, list[int]] = collections.defaultdict(list)  # room -> open rows
@@ -124,31 +135,38 @@ class PackedBatches:
     """One split's encoded pairs (or a language model's lines), served as packed
     fixed-shape batches."""
 
-    def __init__(self, src_ids: Sequence[np.ndarray] | None, tgt_ids: Sequence[np.ndarray],
+    def __init__(self, src_ids: Sequence[np.ndarray] | TokenStore | None,
+                 tgt_ids: Sequence[np.ndarray] | TokenStore,
                  max_tokens: int, row_shapes: Sequence[tuple[int, int]],
                  batch_multiple: int = 1, shuffle: bool = True, seed: int = 0,
-                 special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID)):
-        """`max_tokens` bounds the token slots of each side of a batch (padding
+                 special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
+                 fingerprint: str | None = None):
+        """`src_ids`, `tgt_ids`: the sentences' piece ids (lists of arrays, or stores);
+        `max_tokens` bounds the token slots of each side of a batch (padding
         included, as fairseq's --max-tokens); `row_shapes` are the (source length,
         target length) of the rows (see `fitting_row_shape`); `batch_multiple` is
         usually the device count; `shuffle=False` gives one fixed plan, for evaluation.
         `src_ids` None: a language model's lines, `tgt_ids`, without a source side:
         row shapes (0, T), batches of TEXT_KEYS. `special_ids` (pad, bos, eos) are the
-        model's: bos starts the decoder input (a Marian model's is its pad id)."""
-        if not tgt_ids or (src_ids is not None and len(src_ids) != len(tgt_ids)):
+        model's: bos starts the decoder input (a Marian model's is its pad id).
+        `fingerprint`: the data's (store.fingerprint), when known (a prepared corpus)."""
+        if not len(tgt_ids) or (src_ids is not None and len(src_ids) != len(tgt_ids)):
             raise CorpusError(f"need equally many source and target examples, at least one; "
                               f"got {'no' if src_ids is None else len(src_ids)} and "
                               f"{len(tgt_ids)}")
         if batch_multiple < 1:
             raise CorpusError(f"batch_multiple must be positive, got {batch_multiple}")
-        self.src_ids, self.tgt_ids, self.batch_multiple = src_ids, tgt_ids, batch_multiple
+        as_store = lambda ids: ids if isinstance(ids, TokenStore) else TokenStore.in_memory(ids)
+        self.tgt_ids = as_store(tgt_ids)
+        self.src_ids = None if src_ids is None else as_store(src_ids)
+        self.batch_multiple = batch_multiple
         self.keys = TEXT_KEYS if src_ids is None else BATCH_KEYS
         self.shuffle, self.seed, self.max_tokens = shuffle, seed, max_tokens
         self.pad_id, self.bos_id, self.eos_id = special_ids
         # A text row's source side is empty: every line needs 0 source positions.
-        self.src_needed = (np.zeros(len(tgt_ids), np.int64) if src_ids is None
-                           else positions_needed(src_ids))
-        self.tgt_needed = positions_needed(tgt_ids)
+        self.src_needed = (np.zeros(len(tgt_ids), np.uint16) if src_ids is None
+                           else positions_needed(self.src_ids))
+        self.tgt_needed = positions_needed(self.tgt_ids)
         self.row_shapes = sorted({(int(S), int(T)) for S, T in row_shapes}, key=max)
         for side, needed in (("source", self.src_needed), ("target", self.tgt_needed)):
             room = max(shape[side == "target"] for shape in self.row_shapes)
@@ -163,39 +181,62 @@ class PackedBatches:
                                   f"length {max(S, T)}; need max_tokens >= "
                                   f"{batch_multiple * max(S, T)}")
             self.rows_per_batch.append(rows)
-        self._plans: dict[int, list] = {}
+        self.blocks = -(-len(self.tgt_needed) // PLAN_BLOCK)  # per epoch
+        self._fingerprint = fingerprint
+        self._orders: dict[int, tuple] = {}
+        self._plans: dict[tuple[int, int], list] = {}
 
-    @functools.cached_property
+    def __len__(self) -> int:
+        """How many examples (pairs, or lines)."""
+        return len(self.tgt_needed)
+
+    @property
     def fingerprint(self) -> str:
-        """A digest of the encoded examples, in order: saved positions are only valid
-        for the same data."""
-        digest = hashlib.sha256()
-        for ids in (self.src_ids, self.tgt_ids):
-            if ids is None:
-                continue
-            for start in range(0, len(ids), ENCODE_CHUNK):
-                chunk = ids[start:start + ENCODE_CHUNK]
-                digest.update(np.array([len(x) for x in chunk], np.int64).tobytes())
-                digest.update(np.concatenate(chunk).astype(np.int32).tobytes())
-        return digest.hexdigest()[:16]
+        """A digest of the encoded examples, in order (store.fingerprint): saved
+        positions are only valid for the same data."""
+        if self._fingerprint is None:
+            self._fingerprint = store.fingerprint([self.src_ids, self.tgt_ids])
+        return self._fingerprint
 
     def shapes(self) -> list[tuple[int, int, int]]:
         """Every (R, S, T) an epoch yields: source arrays are (R, S), target arrays (R, T)."""
         return [(R, S, T) for R, (S, T) in zip(self.rows_per_batch, self.row_shapes)]
 
     def epoch_plan(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
-        """The batches of `epoch` as (row shape index, rows of example indices), a
-        function of (seed, epoch). The latest two plans are kept."""
-        if epoch not in self._plans:
-            self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1}
-            self._plans[epoch] = self._plan(epoch)
-        return self._plans[epoch]
+        """The batches of `epoch` as (row shape index, rows of example indices): its blocks'
+        plans one after another."""
+        return [batch for block in range(self.blocks) for batch in self.block_plan(epoch, block)]
 
-    def _plan(self, epoch: int) -> list[tuple[int, list[list[int]]]]:
-        rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-        count = len(self.tgt_ids)
-        order = rng.permutation(count) if rng is not None else np.arange(count)
-        rows = pack_rows(self.src_needed, self.tgt_needed, order, self.row_shapes)
+    def block_plan(self, epoch: int, block: int) -> list[tuple[int, list[list[int]]]]:
+        """The batches of block `block` of `epoch`, a function of (seed, epoch, block). The
+        latest two plans are kept."""
+        if (epoch, block) not in self._plans:
+            self._plans = {k: p for k, p in self._plans.items() if k == max(self._plans)}
+            self._plans[epoch, block] = self._plan(epoch, block)
+        return self._plans[epoch, block]
+
+    def _order(self, epoch: int) -> tuple[np.ndarray, dict | None]:
+        """The examples of `epoch` in shuffled order (int32), and the state of the random
+        generator after the shuffle, which plans the first block. Kept for the latest epoch."""
+        if epoch not in self._orders:
+            order = np.arange(len(self), dtype=np.int32)
+            state = None
+            if self.shuffle:  # as rng.permutation(count), without its int64 copy
+                rng = np.random.default_rng([self.seed, epoch])
+                rng.shuffle(order)
+                state = rng.bit_generator.state
+            self._orders = {epoch: (order, state)}
+        return self._orders[epoch]
+
+    def _plan(self, epoch: int, block: int) -> list[tuple[int, list[list[int]]]]:
+        order, state = self._order(epoch)
+        rng = None
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch, block])
+            if block == 0:  # the generator that shuffled the epoch goes on
+                rng.bit_generator.state = state
+        members_order = order[block * PLAN_BLOCK:(block + 1) * PLAN_BLOCK]
+        rows = pack_rows(self.src_needed, self.tgt_needed, members_order, self.row_shapes)
         plan = []
         for c, R in enumerate(self.rows_per_batch):
             members = [row for shape, row in rows if shape == c]
@@ -208,14 +249,17 @@ class PackedBatches:
 
     def fill(self, epoch: int = 0) -> dict[str, float]:
         """How full epoch `epoch`'s batches are: the fraction of token slots holding
-        real tokens (each side, and both), and real target tokens per batch."""
-        plan = self.epoch_plan(epoch)
+        real tokens (each side, and both), and real target tokens per batch; measured on
+        its first block, and "batches" in the epoch estimated from it."""
+        plan = self.block_plan(epoch, 0)
         src_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][0] for c, _ in plan)
         tgt_slots = sum(self.rows_per_batch[c] * self.row_shapes[c][1] for c, _ in plan)
-        src, tgt = int(self.src_needed.sum()), int(self.tgt_needed.sum())
+        examples = self._order(epoch)[0][:PLAN_BLOCK]
+        src, tgt = (int(needed[examples].sum()) for needed in (self.src_needed, self.tgt_needed))
         fill = {"real_fraction": (src + tgt) / (src_slots + tgt_slots),
                 "tgt_real_fraction": tgt / tgt_slots,
-                "tgt_tokens_per_batch": tgt / len(plan), "batches": len(plan)}
+                "tgt_tokens_per_batch": tgt / len(plan),
+                "batches": round(len(plan) * len(self) / len(examples))}
         if src_slots:
             fill["src_real_fraction"] = src / src_slots
         return fill
@@ -233,7 +277,7 @@ class PackedBatches:
             return {key: np.full((R, S if key.startswith("src") else T),
                                  self.pad_id if key in ("src", "tgt_in", "tgt_out") else 0,
                                  np.int32) for key in self.keys}
-        examples = np.array([i for row in rows for i in row])  # (n,) in row order
+        examples = np.array([i for row in rows for i in row], np.int64)  # (n,) in row order
         sizes = [len(row) for row in rows]
         row_of = np.repeat(np.arange(len(rows)), sizes)  # (n,) each example's row
         first_in_row = np.cumsum([0] + sizes[:-1])  # (rows,) index of each row's first example
@@ -241,12 +285,12 @@ class PackedBatches:
         batch = {}
         sides = [("src", self.src_ids, self.src_needed, S)] if self.src_ids is not None else []
         for side, ids, needed, L in sides + [("tgt", self.tgt_ids, self.tgt_needed, T)]:
-            lengths = needed[examples]  # (n,)
+            lengths = needed[examples].astype(np.int64)  # (n,)
             offset = np.cumsum(lengths) - lengths  # each example's start in the flat stream
             column = offset - offset[first_in_row][row_of]  # ... and in its row
             within = np.arange(lengths.sum()) - np.repeat(offset, lengths)  # position in example
             index = np.repeat(row_of * L + column, lengths) + within  # flat slot of each token
-            pieces = np.concatenate([ids[i] for i in examples])
+            pieces = ids.gather(examples)
 
             def lay_out(stream, fill=0):  # one value per token, in stream order -> (R, L)
                 out = np.full(R * L, fill, np.int32)
@@ -274,7 +318,7 @@ class PackedBatches:
 
     def target_tokens(self, rows: list[list[int]]) -> int:
         """The real target tokens (labels that are not padding) of a batch of `rows`."""
-        return int(sum(self.tgt_needed[row].sum() for row in rows))
+        return int(sum(int(self.tgt_needed[row].sum()) for row in rows))
 
     def iterator(self, state: dict | None = None,
                  local_rows: Callable[[int], slice] | None = None) -> "BatchIterator":
@@ -309,33 +353,35 @@ def fitting_row_shape(src_needed: np.ndarray | None, tgt_needed: np.ndarray,
 class BatchIterator:
     """Endless, resumable iteration over the epochs of a `PackedBatches`.
 
-    get_state() -> {"epoch": e, "index": i, "shapes": [...], "fingerprint": f,
-    "batch_multiple": m}: JSON-able; `index` is the next batch within epoch e; the
-    batch `shapes`, the data's `fingerprint` and the `batch_multiple` the rows were
-    rounded to let set_state refuse a state saved for different data or batch
+    get_state() -> {"epoch": e, "block": b, "index": i, "shapes": [...], "fingerprint": f,
+    "batch_multiple": m}: JSON-able; `index` is the next batch within block b of epoch
+    e; the batch `shapes`, the data's `fingerprint` and the `batch_multiple` the rows
+    were rounded to let set_state refuse a state saved for different data or batch
     settings, and say which (BatchMultipleChanged: another device count).
     """
 
     def __init__(self, batches: PackedBatches, local_rows: Callable[[int], slice] | None = None):
         self.batches, self.local_rows = batches, local_rows
-        self.epoch, self.index = 0, 0
+        self.epoch, self.block, self.index = 0, 0, 0
         self.target_tokens = 0  # real target tokens of the (whole) batches served so far
 
     def __iter__(self) -> "BatchIterator":
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        plan = self.batches.epoch_plan(self.epoch)
+        plan = self.batches.block_plan(self.epoch, self.block)
         shape, rows = plan[self.index]
         batch = self.batches.make_batch(shape, rows, self.local_rows)
         self.target_tokens += self.batches.target_tokens(rows)
         self.index += 1
         if self.index == len(plan):
-            self.epoch, self.index = self.epoch + 1, 0
+            self.block, self.index = self.block + 1, 0
+            if self.block == self.batches.blocks:
+                self.epoch, self.block = self.epoch + 1, 0
         return batch
 
     def get_state(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index,
+        return {"epoch": self.epoch, "block": self.block, "index": self.index,
                 "shapes": [list(shape) for shape in self.batches.shapes()],
                 "fingerprint": self.batches.fingerprint,
                 "batch_multiple": self.batches.batch_multiple}
@@ -346,7 +392,7 @@ class BatchIterator:
                               f"{state.get('fingerprint')}; these data give "
                               f"{self.batches.fingerprint})")
         shapes = [list(shape) for shape in self.batches.shapes()]
-        saved_multiple = state.get("batch_multiple")  # states saved before it: absent
+        saved_multiple = state.get("batch_multiple")  # absent in the oldest states
         if state.get("shapes") != shapes and saved_multiple not in (None,
                                                                      self.batches.batch_multiple):
             raise BatchMultipleChanged(
@@ -357,7 +403,13 @@ class BatchIterator:
             raise CorpusError(f"iterator state {state} was saved for batch shapes "
                               f"{state.get('shapes')}, these settings give {shapes}; resume "
                               "with the same corpus, max_tokens, row lengths and max_len")
-        if state["epoch"] < 0 or not 0 <= state["index"] < len(
-                self.batches.epoch_plan(int(state["epoch"]))):
+        if "block" not in state and self.batches.blocks > 1:
+            raise CorpusError(f"iterator state {state} was saved by a version that planned "
+                              f"epochs whole, not in blocks of {PLAN_BLOCK:,} examples as "
+                              f"these {len(self.batches):,} are; its position does not "
+                              "carry over")
+        epoch, block = int(state["epoch"]), int(state.get("block", 0))
+        if epoch < 0 or not 0 <= block < self.batches.blocks or not 0 <= state["index"] < len(
+                self.batches.block_plan(epoch, block)):
             raise CorpusError(f"iterator state {state} is out of range")
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self.epoch, self.block, self.index = epoch, block, int(state["index"])

@@ -1,8 +1,18 @@
-"""A training run's inputs: the corpus, the tokenizer, the packed batches, the data
-position of a resumed run."""
+"""A training run's inputs: the corpus prepared (data/prepare.py), the tokenizer, the
+packed batches, the data position of a resumed run.
+
+    prepared_corpus   --data DIR; or WORKDIR/data, prepared the first time a run sees
+                      its corpus and reused after: by resumes, and by new runs of the
+                      same corpus, tokenizer and encoding settings (a changed file, or
+                      other settings, prepare it again)
+    run_tokenizer     the prepared corpus's tokenizer, WORKDIR/tokenizer.model
+    make_batches      every split packed into rows of one shape
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import sys
 from pathlib import Path
 
@@ -11,17 +21,16 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.encoding import UNKNOWN_SHARE, count_many_unknown, train_tokenizer
+from jax_transformer.data.encoding import unknown_id
 from jax_transformer.data.packing import (BatchMultipleChanged, PackedBatches, fitting_row_shape,
                                           positions_needed)
-from jax_transformer.train import peers
-from jax_transformer.train.settings import DataSettings, TrainError
-from jax_transformer.train.task import TASKS
+from jax_transformer.data.prepare import Encoding, NoneFits, Prepared, file_sha256, key, prepare
+from jax_transformer.train import corpus as train_corpus, peers
+from jax_transformer.train.settings import DataSettings, RunSettings, TrainError
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
-from transformer_core.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
-                                        TokenizerError)
+from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerError
 
-MOSTLY_UNKNOWN = 0.5  # a split with more than this share of such examples is refused
+DATA_DIR = "data"  # WORKDIR/data: the run's prepared corpus, unless --data names one
 
 
 def log(message: str) -> None:
@@ -30,62 +39,107 @@ def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
 
-def load_corpus(data: DataSettings, seed: int) -> dict[str, list]:
-    """{"train", "dev", "test"}: sentence pairs (translate) or lines of text (lm)."""
-    return TASKS[data.task].load_splits(data, seed, log)
+def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
+                    resuming: bool, primary: bool) -> Prepared:
+    """The run's prepared corpus: --data DIR (refused when a corpus file it was prepared
+    from is here and changed), or WORKDIR/data, prepared by process 0 unless it is the
+    preparation of this corpus with this tokenizer and these settings already; the
+    other processes wait for it. `init`: a fine-tuning run's finetune.InitDir."""
+    data = settings.data
+    if data.data:
+        prepared = Prepared(data.data)
+        changed = prepared.changed_files()
+        if changed:
+            raise TrainError(f"--data {data.data} was prepared from {', '.join(changed)}, "
+                             "which changed since; prepare it again (jaxformer-prepare) or "
+                             "restore the file")
+        _log_prepared(prepared)
+        return prepared
+    directory = workdir / DATA_DIR
+    if primary:
+        corpus = train_corpus.corpus(data, settings.train.seed)
+        encoding = _encoding(workdir, settings, init, init_fingerprint, resuming)
+        existing = _whole_or_none(directory)
+        if existing is not None and existing.is_preparation_of(key(corpus, encoding)):
+            _log_prepared(existing)
+        else:
+            log(f"data: preparing {directory}")
+            try:
+                prepare(directory, corpus, encoding, log=log,
+                        progress=not settings.train.quiet)
+            except NoneFits as e:  # the split is named, and the flag
+                raise TrainError(f"{e}; raise --max-len") from None
+            except TokenizerError as e:
+                raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
+    peers.barrier("corpus prepared")
+    return Prepared(directory)
 
 
-def load_tokenizer(workdir: Path, examples, data: DataSettings, seed: int,
-                   resuming: bool) -> Tokenizer:
-    """The run's tokenizer: trained once on the training pairs (or lines) by process 0,
-    which the other processes wait for and read; reused on resume."""
+def _log_prepared(prepared: Prepared) -> None:
+    log(f"data: {prepared.directory}, prepared earlier:")
+    for line in prepared.manifest["log"]:
+        log(f"  {line}")
+
+
+def _whole_or_none(directory: Path) -> Prepared | None:
+    try:
+        return Prepared(directory)
+    except CorpusError:
+        return None
+
+
+def _encoding(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
+              resuming: bool) -> Encoding:
+    """How the run encodes: with a fine-tuned checkpoint's tokenizer (and its language
+    codes), a resumed run's own, or one trained on the corpus."""
+    data = settings.data
+    encoding = Encoding(max_len=data.max_len, seed=settings.train.seed,
+                        vocab_size=data.vocab_size, tokenizer_type=data.tokenizer_type)
+    if init is not None:
+        codes = settings.train.src_lang_code, settings.train.tgt_lang_code
+        return dataclasses.replace(
+            encoding, tokenizer=init.tokenizer, tokenizer_id=f"{init_fingerprint} {codes}",
+            unknown_ids=tuple(unknown_id(init.tokenizer, side) for side in ("source", "target")))
     path = workdir / TOKENIZER_FILE
     if resuming and path.exists():
-        tokenizer = Tokenizer(path)
-    elif jax.process_index() == 0:
-        try:
-            tokenizer = train_tokenizer(examples, path, vocab_size=data.vocab_size,
-                                        model_type=data.tokenizer_type, seed=seed)
-        except TokenizerError as e:
-            raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
-        peers.barrier("tokenizer written")
-    else:  # another host's process reads the one process 0 trained
-        peers.barrier("tokenizer written")
-        tokenizer = Tokenizer(path)
+        return dataclasses.replace(encoding, tokenizer=Tokenizer(path))
+    return encoding
+
+
+def run_tokenizer(workdir: Path, prepared: Prepared, resuming: bool, primary: bool) -> Tokenizer:
+    """WORKDIR/tokenizer.model, the run's (and its export's): a new run's copy of the
+    prepared corpus's; a resumed run's, which must be the same."""
+    path = workdir / TOKENIZER_FILE
+    if resuming and path.exists():
+        if file_sha256(path) != file_sha256(prepared.tokenizer_path):
+            raise TrainError(f"{prepared.directory} was prepared with another tokenizer than "
+                             f"{path}, which the run in {workdir} was trained with: resume "
+                             "with the corpus prepared for it, or use a new --workdir")
+    elif primary:
+        shutil.copyfile(prepared.tokenizer_path, path)
+    tokenizer = Tokenizer(path if primary else prepared.tokenizer_path)
     log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
     return tokenizer
 
 
-def make_batches(splits, tokenizer: Tokenizer, data: DataSettings, seed: int,
+def make_batches(sides: dict[str, tuple], data: DataSettings, seed: int,
                  special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
-                 ) -> dict[str, PackedBatches]:
-    """Every split packed into rows of one shape, which holds the longest sentences of
-    every split: one batch shape for training and evaluation. A language model's
-    lines are targets without a source: rows of source length 0. `special_ids`: the
-    model's (pad, bos, eos). Examples with many unknown pieces are counted; a split
-    mostly made of them is refused."""
-    encoded = {}
-    for split, examples in splits.items():
-        try:
-            src_ids, tgt_ids, report = TASKS[data.task].encode(tokenizer, examples, data.max_len,
-                                                               name=f"the {split} split")
-        except CorpusError as e:  # none fits: the split is named, and the flag
-            raise TrainError(f"{e}; raise --max-len") from None
-        if report.skipped:
-            log(f"{split}: {report}")
-        check_unknown(split, src_ids, tgt_ids, tokenizer, report.unit)
-        encoded[split] = src_ids, tgt_ids
-
+                 fingerprints: dict[str, str] | None = None) -> dict[str, PackedBatches]:
+    """Every split's (source, target) ids (stores, or lists of arrays; source None for a
+    language model's lines) packed into rows of one shape, which holds the longest
+    sentences of every split: one batch shape for training and evaluation.
+    `special_ids`: the model's (pad, bos, eos); `fingerprints`: each split's, when known."""
     def needed(side: int):  # positions every example of every split needs on that side
-        if encoded["train"][side] is None:
+        if sides["train"][side] is None:
             return None
-        return np.concatenate([positions_needed(ids[side]) for ids in encoded.values()])
+        return np.concatenate([positions_needed(ids[side]) for ids in sides.values()])
 
     row_shape = fitting_row_shape(needed(0), needed(1), data.max_len)
     batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
                                     batch_multiple=jax.device_count(),
-                                    shuffle=split == "train", seed=seed, special_ids=special_ids)
-               for split, (src_ids, tgt_ids) in encoded.items()}
+                                    shuffle=split == "train", seed=seed, special_ids=special_ids,
+                                    fingerprint=(fingerprints or {}).get(split))
+               for split, (src_ids, tgt_ids) in sides.items()}
     fill = batches["train"].fill()
     log(f"train batches: shapes (rows, source length, target length) "
         f"{', '.join(map(str, batches['train'].shapes()))}; {fill['batches']} per epoch; "
@@ -113,31 +167,6 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
                   "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
         raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
                          f"{corpus} changed? Restore it, or use a new --workdir") from None
-
-
-def check_unknown(split: str, src_ids, tgt_ids, tokenizer, unit: str = "pairs") -> None:
-    """Log how many examples of a split have many unknown pieces (UNKNOWN_SHARE of a
-    side or more); a TrainError when they are most of it: the text is not in the
-    tokenizer's languages or script."""
-    count = count_many_unknown([src_ids, tgt_ids], [unknown_id(tokenizer, side)
-                                                     for side in ("source", "target")])
-    if not count:
-        return
-    line = (f"{split}: {count} of {len(tgt_ids)} {unit} ({count / len(tgt_ids):.1%}) are "
-            f"{UNKNOWN_SHARE:.0%} or more unknown pieces (<unk>) to the tokenizer")
-    if count > MOSTLY_UNKNOWN * len(tgt_ids):
-        raise TrainError(f"{line}: is the text in the languages (and script) it was made "
-                         "for? Fix the corpus, or use another checkpoint's tokenizer")
-    log(line)
-
-
-def unknown_id(tokenizer, side: str) -> int:
-    """The <unk> id of a side: a Marian or FSMT tokenizer's vocabulary of that side, an
-    M2M100/NLLB tokenizer's, or ours."""
-    vocab = getattr(tokenizer, "vocab", None)
-    if isinstance(vocab, dict) and isinstance(vocab.get(side), dict):  # one per side
-        return vocab[side]["<unk>"]
-    return getattr(tokenizer, "unk_id", UNK_ID)
 
 
 def rows_alone_differ(data_state: dict, batches: PackedBatches) -> bool:

@@ -32,29 +32,6 @@ from transformer_core.tokenizer import Tokenizer
 class LanguageModelTask:
     """--task lm (train.task.Task): lines of text, a decoder-only model."""
 
-    def load_splits(self, data: DataSettings, seed: int,
-                    log: Callable[[str], None]) -> dict[str, list[str]]:
-        """{"train", "dev", "test"} lines: the built-in counting text (in --src-lang), or
-        --text-path with --num-dev and --num-test lines held out."""
-        if data.builtin:
-            splits = corpora.counting_text(data.src_lang, num_train=data.num_train,
-                                           num_dev=data.num_dev, num_test=data.num_test,
-                                           max_number=data.max_number, seed=seed)
-            log(f"corpus: counting in {data.src_lang} number words, "
-                + ", ".join(f"{k} {len(v)} lines" for k, v in splits.items()))
-            return splits
-        lines, report = corpora.read_text(data.text_path)
-        log(f"corpus: {report}")
-        return corpora.holdout_split(lines, *data.held_out(len(lines), data.text_path, "lines"),
-                                     seed=seed)
-
-
-    def encode(self, tokenizer: Tokenizer, lines, max_len: int, name: str | None = None):
-        """(None, ids, report): the lines as targets without a source (packing.PackedBatches)."""
-        ids, report = encode_lines(tokenizer, lines, max_len=max_len, name=name)
-        return None, ids, report
-
-
     def evaluate_test(self, model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
                       settings: TrainSettings, log: Callable[[str], None]) -> dict:
         """Continue each test line from its first half. Returns {"decoding", "test":

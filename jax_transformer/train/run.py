@@ -26,6 +26,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from jax_transformer import scanned, signals
+from jax_transformer.data.prepare import SPLITS
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
@@ -34,7 +35,7 @@ from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.report import replicas, training_report
-from jax_transformer.train.inputs import (load_corpus, load_tokenizer, log, make_batches,
+from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import Trainer, freeze, make_optimizer, make_schedule
@@ -116,8 +117,8 @@ class TrainingRun:
                 lock.release()
 
     def prepare(self) -> None:
-        """Check the settings against a resumed run's; build the corpus, the tokenizer, the
-        batches, the model and its trainer."""
+        """Check the settings against a resumed run's; prepare the corpus (or reuse its
+        preparation), and build the batches, the model and its trainer."""
         data_settings, model_settings, settings = self.settings
         workdir = self.workdir
         self.checkpointer = Checkpointer(workdir, keep=settings.keep, clean_up=True)
@@ -132,10 +133,11 @@ class TrainingRun:
                 f"{recorded['init_from_fingerprint']})")
         check_run_settings(workdir, recorded, self.resuming, self.primary)
 
-        self.splits = load_corpus(data_settings, settings.seed)
+        self.data = prepared_corpus(workdir, self.settings, init,
+                                    recorded.get("init_from_fingerprint"), self.resuming,
+                                    self.primary)
         if init is None:
-            self.tokenizer = load_tokenizer(workdir, self.splits["train"], data_settings,
-                                            settings.seed, self.resuming)
+            self.tokenizer = run_tokenizer(workdir, self.data, self.resuming, self.primary)
             special_ids = PAD_ID, BOS_ID, EOS_ID
         else:  # the checkpoint's own tokenizer and special ids, never new ones
             codes = finetune.language_codes(self.settings)
@@ -144,8 +146,9 @@ class TrainingRun:
                 f"{', '.join(finetune.tokenizer_files(init.directory))})"
                 + (" {} -> {}".format(*codes) if any(codes) else ""))
             special_ids = init.config.pad_id, init.config.bos_id, init.config.eos_id
-        self.batches = make_batches(self.splits, self.tokenizer, data_settings, settings.seed,
-                                    special_ids)
+        self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
+                                    data_settings, settings.seed, special_ids,
+                                    {split: self.data.fingerprint(split) for split in SPLITS})
 
         config_path = workdir / CONFIG_FILE
         if self.resuming and config_path.exists():
@@ -345,7 +348,7 @@ class TrainingRun:
         for split in ("dev", "test"):
             results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
         started = time.time()
-        decoded = self.task.evaluate_test(model, self.tokenizer, self.splits["test"],
+        decoded = self.task.evaluate_test(model, self.tokenizer, self.data.examples("test"),
                                           self.settings.train, log)
         results["decoding"], results["samples"] = decoded["decoding"], decoded["samples"]
         results["test"].update(decoded["test"])
@@ -375,7 +378,8 @@ class TrainingRun:
         start = {split: evaluation.heldout_loss(self.trainer, state, self.batches[split])
                  for split in ("dev", "test")}
         decoded = self.task.evaluate_test(self.trainer.local_model(state), self.tokenizer,
-                                          self.splits["test"], self.settings.train, log)
+                                          self.data.examples("test"), self.settings.train,
+                                          log)
         start["test"].update(decoded["test"])
         scores = ", ".join(f"{k} {v:.4g}" for k, v in decoded["test"].items()
                            if k in ("bleu", "chrf", "exact_match", "second_half_match"))

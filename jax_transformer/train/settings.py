@@ -88,6 +88,11 @@ def flag(name: str) -> str:
 class DataSettings:
     """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
     number-words corpus; with --task lm, the built-in counting text)."""
+    data: str | None = setting(None, "a corpus prepared ahead by jaxformer-prepare (with these "
+                               "data flags, which it records): train from it, reading and "
+                               "encoding nothing; the corpus flags default to its own and "
+                               "may only repeat them. Without it, the corpus is prepared in "
+                               "WORKDIR/data the first time a run sees it", metavar="DIR")
     task: str = setting("translate", "translate: an encoder-decoder on sentence pairs; lm: a "
                         "decoder-only language model on lines of text, which also prints "
                         "sampled continuations", choices=tuple(TASK_ARCHITECTURES))
@@ -153,6 +158,11 @@ class DataSettings:
     def builtin(self) -> bool:
         return not (self.src_path or self.columns_path or self.text_path)
 
+    def preparation(self, seed: int) -> dict:
+        """What a prepared corpus records of these settings (its key, data.prepare): the
+        fields of PREPARED_FIELDS, and the seed that held out dev and test."""
+        return {**{name: getattr(self, name) for name in PREPARED_FIELDS}, "seed": seed}
+
     def held_out(self, available: int, source: str, unit: str,
                  given: tuple[str, ...] = ()) -> tuple[int, int]:
         """(dev, test): how many of the `available` usable examples of `source` to hold
@@ -170,6 +180,25 @@ class DataSettings:
     @property
     def architecture(self) -> str:
         return TASK_ARCHITECTURES[self.task]
+
+
+# The data settings a prepared corpus fixes: what is read, held out and encoded how.
+PREPARED_FIELDS = ("task", "text_path", "src_lang", "tgt_lang", "num_train", "max_number",
+                   "src_path", "tgt_path", "columns_path", "src_column", "tgt_column",
+                   "dev_src_path", "dev_tgt_path", "test_src_path", "test_tgt_path", "num_dev",
+                   "num_test", "tokenizer_type", "vocab_size", "max_len")
+
+
+def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSettings:
+    """`data` with the corpus settings a prepared directory recorded; a TrainError naming
+    the flag when one given differs from them (a flag at its default follows them)."""
+    default = DataSettings()
+    for name in PREPARED_FIELDS:
+        given, then = getattr(data, name), recorded[name]
+        if given != then and given != getattr(default, name):
+            raise TrainError(f"--data {directory} was prepared with {flag(name)} {then!r}; "
+                             f"drop {flag(name)} {given!r}, or prepare the corpus again")
+    return dataclasses.replace(data, **{name: recorded[name] for name in PREPARED_FIELDS})
 
 
 def _check_model(self) -> None:

@@ -12,8 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_transformer import translator
-from jax_transformer.data import corpora
-from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import DataSettings, TrainSettings
@@ -23,39 +21,6 @@ from transformer_core.tokenizer import Tokenizer
 
 class TranslationTask:
     """--task translate (train.task.Task): sentence pairs, the encoder-decoder."""
-
-    def load_splits(self, data: DataSettings, seed: int,
-                    log: Callable[[str], None]) -> dict[str, list[corpora.Pair]]:
-        """{"train", "dev", "test"} sentence pairs: the built-in number corpus, or the
-        user's files with dev/test held out unless given."""
-        if data.builtin:
-            splits = corpora.number_corpus(data.src_lang, data.tgt_lang, num_train=data.num_train,
-                                           num_dev=data.num_dev, num_test=data.num_test,
-                                           max_number=data.max_number, seed=seed)
-            log(f"corpus: {data.src_lang}->{data.tgt_lang} number words, "
-                + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
-            return splits
-        if data.columns_path:
-            pairs, report = corpora.read_columns(data.columns_path, data.src_column, data.tgt_column)
-        else:
-            pairs, report = corpora.read_parallel_text(data.src_path, data.tgt_path)
-        log(f"corpus: {report}")
-        source = report.source  # the training corpus: its files (and columns)
-        given = {}
-        for split in ("dev", "test"):
-            src, tgt = getattr(data, f"{split}_src_path"), getattr(data, f"{split}_tgt_path")
-            if src:
-                given[split], report = corpora.read_parallel_text(src, tgt)
-                log(f"{split}: {report}")
-        held_out = corpora.holdout_split(
-            pairs, *data.held_out(len(pairs), source, "pairs", tuple(given)), seed=seed)
-        return {**held_out, **given}
-
-
-    def encode(self, tokenizer: Tokenizer, pairs, max_len: int, name: str | None = None):
-        """(src_ids, tgt_ids, report): encoding.encode_pairs, with the run's tokenizer or a
-        checkpoint's (--init-from)."""
-        return encode_pairs(tokenizer, pairs, max_len=max_len, name=name)
 
     def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,
                       log: Callable[[str], None]) -> dict:

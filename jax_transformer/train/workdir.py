@@ -32,13 +32,14 @@ METRICS_FILE = "metrics.jsonl"
 
 # Settings that only steer how long / how visibly a run goes; the others must
 # match when a work directory is resumed. (--init-from's directory may move: its
-# fingerprint, recorded by the run as "init_from_fingerprint", must match.)
+# fingerprint, recorded by the run as "init_from_fingerprint", must match. So may --data's:
+# the data's fingerprint, saved with each checkpoint's data position, must match.)
 RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every",
                                "keep", "beam", "decode_batch_size", "samples", "temperature",
                                "distributed", "coordinator_address", "num_processes",
                                "process_id", "peer_timeout", "quiet", "tensorboard",
                                "compile_cache", "time_budget", "init_from", "scan_layers",
-                               "scan_unroll", "cpu_devices"})
+                               "scan_unroll", "cpu_devices", "data"})
 # Settings added after run_args.json files were first written: a file without one was
 # written by a run that used this value, so it resumes.
 ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",

@@ -308,7 +308,7 @@ def test_resume_continues_exactly_across_an_epoch_boundary():
     for _ in range(n - 2):  # stop two batches before the end of epoch 0
         next(interrupted)
     state = json.loads(json.dumps(interrupted.get_state()))
-    assert state == {"epoch": 0, "index": n - 2, "shapes": [[4, 64, 64]],
+    assert state == {"epoch": 0, "block": 0, "index": n - 2, "shapes": [[4, 64, 64]],
                      "fingerprint": data.fingerprint, "batch_multiple": 2}
     resumed = PackedBatches(src, tgt, max_tokens=256, row_shapes=[(64, 64)], batch_multiple=2,
                             seed=5).iterator(state)

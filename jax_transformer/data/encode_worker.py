@@ -1,0 +1,116 @@
+"""One part of a split encoded, in a process of its own: `python -m
+jax_transformer.data.encode_worker JOB.json` (prepare.py starts one a core).
+
+It reads examples start..stop of the split from the raw stores (the split's order is
+RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs would (our tokenizer a
+chunk of texts a call; a checkpoint's pair by pair), drops those over max_len, and
+writes OUTPUT.SIDE.* (store.py) and OUTPUT.json: how many it kept, how many were too
+long (and the first, counted from `start`), how many are mostly <unk>. A process
+of its own, not a thread or a fork: the Python work (decoding, numpy) runs on every
+core, and the parent's threads (JAX's) are not copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from jax_transformer.data.corpora import CorpusError
+from jax_transformer.data.encoding import UNKNOWN_SHARE
+from jax_transformer.data.store import StoreWriter, TokenStore
+from transformer_core.errors import InputError
+from transformer_core.tokenizer import Tokenizer
+
+CHUNK = 10_000  # examples encoded and written at a time
+
+
+@dataclasses.dataclass
+class Job:
+    raw: str  # the raw stores' directory
+    split: str  # its order is RAW/SPLIT.index.npy, rows of the raw stores RAW/STORE.SIDE.*
+    store: str
+    start: int
+    stop: int
+    output: str  # OUTPUT.SIDE.* and OUTPUT.json
+    sides: list[str]  # ["src", "tgt"], or ["tgt"] for a language model's lines
+    max_len: int
+    unknown_ids: list[int]  # each side's <unk>
+    dtype: str  # the ids' type
+    tokenizer: str  # our tokenizer's model file ("" for a checkpoint's, encoded in-process)
+
+
+def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: None) -> None:
+    """Encode the job's examples with `tokenizer` (ours, or a checkpoint's)."""
+    raw = Path(job.raw)
+    index = np.load(raw / f"{job.split}.index.npy", mmap_mode="r")[job.start:job.stop]
+    stores = [TokenStore.open(raw, f"{job.store}.{side}", np.uint8) for side in job.sides]
+    writers = [StoreWriter(Path(job.output).parent, f"{Path(job.output).name}.{side}",
+                           np.dtype(job.dtype)) for side in job.sides]
+    kept = too_long = many_unknown = 0
+    first_too_long = None
+    for first in range(0, len(index), CHUNK):
+        rows = np.asarray(index[first:first + CHUNK])
+        texts = [texts_of(store, rows) for store in stores]
+        pieces = _encode(tokenizer, texts, job.start + first)  # per side: lists of ids
+        fits = np.array([max(map(len, example)) + 1 <= job.max_len
+                         for example in zip(*pieces)])
+        if not fits.all():
+            too_long += int((~fits).sum())
+            if first_too_long is None:
+                first_too_long = first + int(np.argmin(fits)) + 1
+        unknown = np.zeros(int(fits.sum()), bool)
+        for writer, side_pieces, unk in zip(writers, pieces, job.unknown_ids):
+            kept_pieces = [p for p, ok in zip(side_pieces, fits) if ok]
+            lengths = np.fromiter(map(len, kept_pieces), np.int64, len(kept_pieces))
+            ids = np.fromiter(itertools.chain.from_iterable(kept_pieces), np.int64,
+                              int(lengths.sum()))
+            writer.add(lengths, ids)
+            # count_many_unknown's rule: a non-empty side UNKNOWN_SHARE or more <unk>.
+            sentence = np.repeat(np.arange(len(lengths)), lengths)  # each id's sentence
+            unknown_count = np.bincount(sentence[ids == unk], minlength=len(lengths))
+            unknown |= (lengths > 0) & (unknown_count >= UNKNOWN_SHARE * lengths)
+        kept += int(fits.sum())
+        many_unknown += int(unknown.sum())
+        progress(len(rows))
+    for writer in writers:
+        writer.close()
+    Path(f"{job.output}.json").write_text(json.dumps(
+        {"kept": kept, "too_long": too_long, "first_too_long": first_too_long,
+         "many_unknown": many_unknown}))
+
+
+def texts_of(store: TokenStore, rows: np.ndarray) -> list[str]:
+    """The UTF-8 texts of a raw store's `rows`."""
+    data = store.gather(rows).tobytes()
+    ends = np.cumsum(store.lengths[rows].astype(np.int64)).tolist()
+    return [data[a:b].decode("utf-8") for a, b in zip([0] + ends[:-1], ends)]
+
+
+def _encode(tokenizer, texts: list[list[str]], first_number: int) -> list[list[list[int]]]:
+    """Each side's pieces: our tokenizer's a side at a time; a checkpoint's (source
+    pieces less the final eos, target pieces) pair by pair."""
+    if isinstance(tokenizer, Tokenizer):
+        return [tokenizer.sp.encode(side, num_threads=1) for side in texts]
+    sources, targets = [], []
+    for number, (src, tgt) in enumerate(zip(*texts), start=first_number + 1):
+        try:
+            sources.append(tokenizer.encode_source(src)[:-1])
+            targets.append(tokenizer.encode_target(tgt))
+        except InputError as e:  # e.g. a language code the vocabulary lacks
+            raise CorpusError(f"pair {number} {e}") from None
+    return [sources, targets]
+
+
+def main(job_file: str) -> None:
+    job = Job(**json.loads(Path(job_file).read_text()))
+    encode(job, Tokenizer(job.tokenizer))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,503 @@
+"""A corpus prepared once: read, split, tokenized and encoded into memory-mappable stores.
+
+    prepare(DIR, corpus, encoding)   read the text once (streaming), hold out dev and
+                                     test, train the tokenizer on a sample, encode every
+                                     split on every core, write DIR whole or not at all
+    Prepared(DIR)                    a prepared directory: its stores, texts and manifest
+
+DIR holds:
+
+    manifest.json              what it was prepared from (`key`, the files' sizes and
+                               SHA-256), each split's size and fingerprint, the log lines
+    tokenizer.model            the SentencePiece vocabulary (ours: trained here or given)
+    SPLIT.src.*, SPLIT.tgt.*   each split's piece ids (store.py), pieces only: batches add
+                               eos/bos. A language model's lines are SPLIT.tgt alone
+    dev.json, test.json        the held-out examples as text, to decode and score
+
+The pipeline (fairseq-preprocess's, with train.py's own splitting and bad-data policy):
+
+    1. read: the corpus is read once, line by line, into raw UTF-8 stores in DIR's
+       temporary twin (the bad-data policy of corpora.py, with its line numbers)
+    2. split: a user's corpus is shuffled by the seed and dev/test held out, exactly as
+       corpora.holdout_split does; the built-in corpora come split
+    3. tokenizer: trained on the training split (a sample of TOKENIZER_SAMPLE examples of
+       a larger one), its sentences streamed from the raw store, as encoding.train_tokenizer
+    4. encode: each split in parts, one process a part (encode_worker.py), pieces over
+       max_len dropped and counted; the parts joined in order
+    5. the fingerprint of each split (store.fingerprint), the manifest, and a rename
+
+The splits hold the same examples in the same order as the in-memory path
+(corpora -> encoding.encode_pairs), so their batches and fingerprints are the same.
+Nothing but DIR's temporary twin (DIR.tmp-PID) is written until the last rename: an
+interrupted preparation leaves no DIR that a later run could take for a whole one.
+Needs neither JAX nor torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from jax_transformer.data import encode_worker
+from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
+from jax_transformer.data.encoding import UNKNOWN_SHARE, TOO_MANY_TOKENS
+from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint, ids_dtype
+from transformer_core.checkpoint_dir import TOKENIZER_FILE
+from transformer_core.tokenizer import UNK_ID, Tokenizer
+
+FORMAT = 1  # manifest.json's layout; another is prepared again
+MANIFEST = "manifest.json"
+SPLITS = ("train", "dev", "test")
+READ_CHUNK = 10_000  # examples written to the raw stores at a time
+TOKENIZER_SAMPLE = 1_000_000  # examples the tokenizer trains on, at most
+PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
+MOSTLY_UNKNOWN = 0.5  # a split with more than this share of many-<unk> examples is refused
+Log = Callable[[str], None]
+
+
+class NoneFits(CorpusError):
+    """Every example of a split is longer than max_len tokens."""
+
+
+def given(examples: Sequence, report: CorpusReport) -> Iterator:
+    """A Source's `read` of examples made in memory (the built-in corpora): all usable."""
+    for example in examples:
+        report.kept += 1
+        yield example
+
+
+@dataclasses.dataclass
+class Source:
+    """One stream of examples: `read(report)` yields the usable ones (sentence pairs or
+    lines), counting what it skips in `report`; `files` are the files it reads."""
+    read: Callable[[CorpusReport], Iterable]
+    report: CorpusReport
+    files: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Corpus:
+    """What to prepare: the training source, dev and test sources when given, and how
+    many examples to hold out of the training source for the others.
+
+    `held_out(available, given)` -> (dev, test) examples to hold out of the `available`
+    usable training examples (none for a split in `given`); None: the splits are given
+    whole (the built-in corpora), in their order. `settings` are what identify the corpus
+    and its encoding besides the files' contents (flags, seed), recorded in the key."""
+    unit: str  # "pairs" (translation) or "lines" (a language model)
+    train: Source
+    settings: dict
+    dev: Source | None = None
+    test: Source | None = None
+    held_out: Callable[[int, tuple[str, ...]], tuple[int, int]] | None = None
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return ("src", "tgt") if self.unit == "pairs" else ("tgt",)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for source in (self.train, self.dev, self.test) if source
+                for f in source.files]
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoding:
+    """How to encode: SentencePiece settings for a tokenizer trained here, or the
+    `tokenizer` to use (ours, a resumed run's, or a checkpoint's with its `tokenizer_id`),
+    and the longest example in tokens with its eos or bos."""
+    max_len: int
+    seed: int = 0
+    vocab_size: int = 8000
+    tokenizer_type: str = "unigram"
+    tokenizer: object | None = None  # Tokenizer or a CheckpointTokenizer; None: train one
+    tokenizer_id: str | None = None  # what identifies a given tokenizer (default: its file)
+    unknown_ids: tuple[int, int] = (1, 1)  # each side's <unk> id, for a given tokenizer
+
+
+def key(corpus: Corpus, encoding: Encoding) -> dict:
+    """What a prepared directory is the preparation of, less its files' contents."""
+    tokenizer = encoding.tokenizer
+    if tokenizer is not None and encoding.tokenizer_id is None:
+        tokenizer_id = "sha256:" + file_sha256(tokenizer.path)
+    else:
+        tokenizer_id = encoding.tokenizer_id
+    return {"format": FORMAT, "unit": corpus.unit, "corpus": corpus.settings,
+            "max_len": encoding.max_len, "seed": encoding.seed,
+            "tokenizer": tokenizer_id or {"vocab_size": encoding.vocab_size,
+                                          "type": encoding.tokenizer_type}}
+
+
+def file_sha256(path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class Prepared:
+    """A prepared directory, as `prepare` wrote it."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        path = self.directory / MANIFEST
+        try:
+            self.manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise CorpusError(f"{self.directory} is not a prepared corpus (it has no "
+                              f"{MANIFEST}); make one with jaxformer-prepare") from None
+        except (OSError, ValueError) as e:
+            raise CorpusError(f"{path} cannot be read ({e}); prepare the corpus again") from None
+        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
+            raise CorpusError(f"{self.directory} was prepared in another format than this "
+                              f"version reads ({FORMAT}); prepare the corpus again")
+        self.dtype = np.dtype(self.manifest["ids_dtype"])
+
+    @property
+    def key(self) -> dict:
+        return self.manifest["key"]
+
+    @property
+    def unit(self) -> str:
+        return self.manifest["key"]["unit"]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.directory / TOKENIZER_FILE
+
+    def sides(self, split: str) -> tuple[TokenStore | None, TokenStore]:
+        """(source store or None for a language model's lines, target store)."""
+        stores = {side: TokenStore.open(self.directory, f"{split}.{side}", self.dtype)
+                  for side in self.manifest["sides"]}
+        return stores.get("src"), stores["tgt"]
+
+    def fingerprint(self, split: str) -> str:
+        return self.manifest["splits"][split]["fingerprint"]
+
+    def examples(self, split: str) -> list:
+        """The dev or test split as text: (source, target) pairs, or lines."""
+        examples = json.loads((self.directory / f"{split}.json").read_text())
+        return [tuple(e) for e in examples] if self.unit == "pairs" else examples
+
+    def changed_files(self) -> list[str]:
+        """The corpus files that are here and differ from those prepared (their size, or
+        their contents when their modification time changed). Files not here are not
+        checked: a prepared directory is used without its corpus."""
+        changed = []
+        for entry in self.manifest["files"]:
+            path = Path(entry["path"])
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            if stat.st_size != entry["size"] or (stat.st_mtime_ns != entry["mtime_ns"] and
+                                                 file_sha256(path) != entry["sha256"]):
+                changed.append(str(path))
+        return changed
+
+    def is_preparation_of(self, wanted: dict) -> bool:
+        """Whether this is the preparation of key `wanted` from today's files."""
+        return self.key == wanted and not self.changed_files()
+
+
+def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
+            log: Log = print, progress: bool = True, workers: int | None = None) -> Prepared:
+    """Prepare `corpus` into directory `output` (replaced whole, at the end); returns it.
+    `workers`: processes that encode (default: the cores this process may use)."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
+                  *output.parent.glob(f"{output.name}.old-*")]:  # an interrupted preparation's
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
+    tmp.mkdir()
+    try:
+        manifest = _prepare(tmp, corpus, encoding, log, progress,
+                            workers or len(os.sched_getaffinity(0)))
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        _replace_directory(tmp, output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Prepared(output)
+
+
+def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: bool,
+             workers: int) -> dict:
+    started = time.monotonic()
+    lines = []  # the log lines a run repeats when it uses the directory
+
+    def say(line: str) -> None:
+        lines.append(line)
+        log(line)
+
+    files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
+              "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
+    raw = _read_splits(tmp / "raw", corpus, say, progress)
+    files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in files]
+    if encoding.tokenizer is None:
+        tokenizer = _train_tokenizer(tmp / TOKENIZER_FILE, raw["train"], encoding, say)
+        unknown_ids = (UNK_ID, UNK_ID)
+    else:
+        tokenizer, unknown_ids = encoding.tokenizer, encoding.unknown_ids
+        if isinstance(tokenizer, Tokenizer):
+            shutil.copyfile(tokenizer.path, tmp / TOKENIZER_FILE)
+    # A checkpoint's tokenizer (its language codes, two vocabularies) keeps int32 ids.
+    dtype = (ids_dtype(tokenizer.vocab_size) if isinstance(tokenizer, Tokenizer)
+             else np.dtype(np.int32))
+    splits = {}
+    for split in SPLITS:
+        texts = raw[split]
+        if split != "train":
+            _write_examples(tmp / f"{split}.json", texts)
+        splits[split] = _encode_split(tmp, split, texts, tokenizer, encoding.max_len,
+                                      unknown_ids, dtype, corpus.unit, say, progress, workers)
+    shutil.rmtree(tmp / "raw")
+    say(f"prepared in {time.monotonic() - started:.1f} s: "
+        + ", ".join(f"{split} {s['examples']:,}" for split, s in splits.items()))
+    return {"format": FORMAT, "key": key(corpus, encoding), "files": files,
+            "ids_dtype": dtype.name, "sides": list(corpus.sides), "splits": splits,
+            "log": lines}
+
+
+# --- 1. read, 2. split ---------------------------------------------------------------------
+
+@dataclasses.dataclass
+class RawSplit:
+    """A split's examples as raw UTF-8: row `index[i]` of the stores is example i; the
+    stores are raw/NAME.SIDE.* (held-out splits share the training split's)."""
+    name: str
+    stores: dict[str, TokenStore]  # side -> store
+    index: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def texts(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[str, ...]]:
+        """Examples start..stop as tuples of their sides' texts."""
+        index = self.index[start:stop]
+        for first in range(0, len(index), READ_CHUNK):
+            rows = index[first:first + READ_CHUNK]
+            yield from zip(*(encode_worker.texts_of(store, rows)
+                             for store in self.stores.values()))
+
+
+def _read_splits(directory: Path, corpus: Corpus, say: Log, progress: bool
+                 ) -> dict[str, RawSplit]:
+    directory.mkdir()
+    stores = {}
+    for split in SPLITS:
+        source = getattr(corpus, split)
+        if source is not None:
+            stores[split] = _read_source(directory, split, source, corpus.sides, progress)
+            prefix = "corpus" if split == "train" and corpus.held_out else split
+            say(f"{prefix}: {source.report}")
+    if corpus.held_out is None:  # given whole, in order
+        return {split: RawSplit(split, s, np.arange(len(s["tgt"]))) for split, s in
+                stores.items()}
+    train = stores["train"]
+    available = len(train["tgt"])
+    num_dev, num_test = corpus.held_out(available, tuple(s for s in stores if s != "train"))
+    # corpora.holdout_split's order: test, dev, then the rest for training.
+    order = np.random.default_rng(corpus.settings["seed"]).permutation(available)
+    splits = {"test": RawSplit("train", train, order[:num_test]),
+              "dev": RawSplit("train", train, order[num_test:num_test + num_dev]),
+              "train": RawSplit("train", train, order[num_test + num_dev:])}
+    for split in ("dev", "test"):
+        if split in stores:
+            splits[split] = RawSplit(split, stores[split], np.arange(len(stores[split]["tgt"])))
+    return splits
+
+
+def _read_source(directory: Path, split: str, source: Source, sides: Sequence[str],
+                 progress: bool) -> dict[str, TokenStore]:
+    """Read `source` once into raw stores, one per side; a CorpusError if none is usable."""
+    writers = {side: StoreWriter(directory, f"{split}.{side}", np.uint8) for side in sides}
+    bar = tqdm(desc=f"read {split}", unit=f" {source.report.unit}", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True, mininterval=1)
+    chunk = []
+
+    def flush():
+        for position, (side, writer) in enumerate(writers.items()):
+            encoded = [(e[position] if len(sides) == 2 else e).encode("utf-8") for e in chunk]
+            writer.add([len(e) for e in encoded], np.frombuffer(b"".join(encoded), np.uint8))
+        bar.update(len(chunk))
+        chunk.clear()
+
+    with bar:
+        for example in source.read(source.report):
+            chunk.append(example)
+            if len(chunk) == READ_CHUNK:
+                flush()
+        flush()
+    for writer in writers.values():
+        writer.close()
+    if not source.report.kept:
+        raise CorpusError(no_usable(source.report))
+    return {side: TokenStore.open(directory, f"{split}.{side}", np.uint8) for side in sides}
+
+
+def _write_examples(path: Path, split: RawSplit) -> None:
+    examples = [list(e) if len(e) == 2 else e[0] for e in split.texts()]
+    path.write_text(json.dumps(examples, ensure_ascii=False) + "\n")
+
+
+# --- 3. the tokenizer ----------------------------------------------------------------------
+
+def _train_tokenizer(path: Path, train: RawSplit, encoding: Encoding, say: Log) -> Tokenizer:
+    """encoding.train_tokenizer's sample and sentence order, streamed from the raw store."""
+    chosen = np.arange(len(train))
+    if len(train) > TOKENIZER_SAMPLE:
+        chosen = np.sort(np.random.default_rng(encoding.seed).choice(
+            len(train), TOKENIZER_SAMPLE, replace=False))
+    sample = RawSplit(train.name, train.stores, train.index[chosen])
+    started = time.monotonic()
+    tokenizer = Tokenizer.train((text for example in sample.texts() for text in example), path,
+                                vocab_size=encoding.vocab_size,
+                                model_type=encoding.tokenizer_type)
+    say(f"tokenizer: {tokenizer.vocab_size} pieces ({encoding.tokenizer_type}), trained on "
+        f"{len(sample):,} {'examples' if len(sample) < len(train) else 'training examples'} "
+        f"in {time.monotonic() - started:.1f} s")
+    return tokenizer
+
+
+# --- 4. encode -----------------------------------------------------------------------------
+
+def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: int,
+                  unknown_ids: tuple[int, int], dtype: np.dtype, unit: str, say: Log,
+                  progress: bool, workers: int) -> dict:
+    """Encode one split into tmp/SPLIT.*, in parts; its manifest entry."""
+    count = len(texts)
+    parts = max(1, min(workers, count // PART_EXAMPLES))
+    if not isinstance(tokenizer, Tokenizer):  # a checkpoint's: encoded here, pair by pair
+        parts = 1
+    bounds = [count * k // parts for k in range(parts + 1)]
+    np.save(tmp / "raw" / f"{split}.index.npy", texts.index)
+    jobs = [encode_worker.Job(raw=str(tmp / "raw"), split=split, store=texts.name, start=a,
+                              stop=b,
+                              output=str(tmp / "raw" / f"{split}.part{k}"),
+                              sides=list(texts.stores), max_len=max_len,
+                              unknown_ids=list(unknown_ids), dtype=dtype.name,
+                              tokenizer=str(getattr(tokenizer, "path", "")))
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    bar = tqdm(total=count, desc=f"encode {split}", unit=" examples", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True, mininterval=1)
+    with bar:
+        if parts == 1:
+            encode_worker.encode(jobs[0], tokenizer, bar.update)
+        else:
+            _run_workers(jobs, bar)
+    summaries = [json.loads(Path(f"{job.output}.json").read_text()) for job in jobs]
+    for side in texts.stores:
+        _join_parts(tmp, f"{split}.{side}", [f"{job.output}.{side}" for job in jobs], dtype)
+    kept = sum(s["kept"] for s in summaries)
+    report = CorpusReport(f"tokenized (max_len {max_len})", unit=unit, kept=kept)
+    for job, summary in zip(jobs, summaries):
+        if summary["too_long"]:
+            report.skipped[TOO_MANY_TOKENS] += summary["too_long"]
+            report.first_line.setdefault(TOO_MANY_TOKENS, job.start + summary["first_too_long"])
+    if not kept:
+        raise NoneFits(f"every {unit[:-1] if unit == 'pairs' else 'line'} of the {split} split "
+                       f"({count}) is longer than max_len {max_len} tokens with its "
+                       f"{'eos or bos' if unit == 'pairs' else 'bos or eos'}")
+    if report.skipped:
+        say(f"{split}: {report}")
+    many_unknown = sum(s["many_unknown"] for s in summaries)
+    if many_unknown:
+        line = (f"{split}: {many_unknown} of {kept} {unit} ({many_unknown / kept:.1%}) are "
+                f"{UNKNOWN_SHARE:.0%} or more unknown pieces (<unk>) to the tokenizer")
+        if many_unknown > MOSTLY_UNKNOWN * kept:
+            raise CorpusError(f"{line}: is the text in the languages (and script) it was made "
+                              "for? Fix the corpus, or use another checkpoint's tokenizer")
+        say(line)
+    src, tgt = (TokenStore.open(tmp, f"{split}.{side}", dtype) if side in texts.stores
+                else None for side in ("src", "tgt"))
+    return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
+            "many_unknown": many_unknown}
+
+
+def _run_workers(jobs: list, bar: tqdm) -> None:
+    """One encode_worker process a job; the bar follows the lengths they have written."""
+    procs = []
+    for job in jobs:
+        Path(f"{job.output}.job.json").write_text(json.dumps(dataclasses.asdict(job)))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "jax_transformer.data.encode_worker",
+             f"{job.output}.job.json"], stderr=subprocess.PIPE, text=True))
+    try:
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+            written = sum(_examples_written(job) for job in jobs)
+            bar.update(written - bar.n)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    for job, p in zip(jobs, procs):
+        if p.returncode:
+            raise RuntimeError(f"encoding examples {job.start}-{job.stop} of the {job.split} "
+                               f"split failed (exit {p.returncode}): {p.stderr.read().strip()}")
+    bar.update(bar.total - bar.n)
+
+
+def _examples_written(job) -> int:
+    try:
+        return os.stat(f"{job.output}.{job.sides[-1]}.lengths").st_size // 2
+    except OSError:
+        return 0
+
+
+def _join_parts(directory: Path, name: str, parts: list[str], dtype: np.dtype) -> None:
+    """DIR/NAME.* from the parts' stores, in order, a megabyte at a time."""
+    if len(parts) == 1:
+        for suffix in ("ids", "offsets", "lengths"):
+            os.replace(f"{parts[0]}.{suffix}", directory / f"{name}.{suffix}")
+        return
+    with open(directory / f"{name}.ids", "wb") as ids, \
+            open(directory / f"{name}.lengths", "wb") as lengths, \
+            open(directory / f"{name}.offsets", "wb") as offsets:
+        np.zeros(1, np.int64).tofile(offsets)
+        end = 0
+        for part in parts:
+            for suffix, out in (("ids", ids), ("lengths", lengths)):
+                with open(f"{part}.{suffix}", "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+            with open(f"{part}.offsets", "rb") as f:
+                f.seek(8)  # its leading 0
+                while True:
+                    block = np.fromfile(f, np.int64, 1 << 17)
+                    if not len(block):
+                        break
+                    (block + end).tofile(offsets)
+            end += os.stat(f"{part}.ids").st_size // dtype.itemsize
+        for f in (ids, lengths, offsets):
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _replace_directory(new: Path, output: Path) -> None:
+    """Put directory `new` in `output`'s place: a reader sees the old one whole, or the new
+    one whole, or (between the two renames, after a crash) none."""
+    for path in new.iterdir():
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    old = output.with_name(f"{output.name}.old-{os.getpid()}")
+    if output.exists():
+        os.rename(output, old)
+    os.rename(new, output)
+    shutil.rmtree(old, ignore_errors=True)
+    dir_fd = os.open(output.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

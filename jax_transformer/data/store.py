@@ -1,0 +1,168 @@
+"""Sentences as flat arrays: one side of a split, in memory or memory-mapped from disk.
+
+    NAME.ids       every sentence's values one after another (token ids: uint16 for a
+                   vocabulary of up to 65,536 pieces, else int32; raw UTF-8: uint8)
+    NAME.offsets   (n + 1,) int64: sentence i is ids[offsets[i]:offsets[i + 1]]
+    NAME.lengths   (n,) uint16: each sentence's length, all a batch plan needs
+
+As fairseq's binarized datasets (`fairseq-preprocess`, MMapIndexedDataset): a
+training process keeps only the lengths in memory (2 bytes a sentence) and
+gathers each batch's sentences from the map. A disk store maps its files for each
+gather and unmaps them after, so the pages it read stay in the page cache, not in
+the process's resident memory. Needs numpy alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+MAX_LENGTH = np.iinfo(np.uint16).max  # the longest sentence a store holds
+FINGERPRINT_CHUNK = 10_000  # sentences a fingerprint hashes at a time (its definition)
+
+
+def ids_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest type that holds every id of a vocabulary of `vocab_size` pieces."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
+
+
+class TokenStore:
+    """One side of a split: `len(store)` sentences, `store[i]` one of them, `gather` many.
+
+    `lengths` ((n,) uint16) is in memory; the values are an array (`in_memory`) or the
+    files DIR/NAME.* (`open`). `bytes_read` counts the bytes of values and offsets
+    that gathers asked for: what this process read of the store."""
+
+    def __init__(self, lengths: np.ndarray, values: np.ndarray | None = None,
+                 offsets: np.ndarray | None = None, path: Path | None = None,
+                 dtype: np.dtype | None = None):
+        self.lengths, self._values, self._offsets, self.path = lengths, values, offsets, path
+        self.dtype = np.dtype(dtype if dtype is not None else values.dtype)
+        self.bytes_read = 0
+
+    @classmethod
+    def in_memory(cls, sentences: Sequence[np.ndarray], dtype=np.int32) -> "TokenStore":
+        """A store of `sentences` (1-d arrays), held in memory."""
+        lengths = np.fromiter((len(x) for x in sentences), np.int64, len(sentences))
+        if len(lengths) and lengths.max() > MAX_LENGTH:
+            raise ValueError(f"a sentence of {lengths.max()} values is longer than a store "
+                             f"holds ({MAX_LENGTH})")
+        offsets = np.zeros(len(sentences) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = (np.concatenate(sentences).astype(dtype, copy=False) if len(sentences)
+                  else np.zeros(0, dtype))
+        return cls(lengths.astype(np.uint16), values, offsets)
+
+    @classmethod
+    def open(cls, directory: Path, name: str, dtype: np.dtype) -> "TokenStore":
+        """DIR/NAME.*, as StoreWriter wrote them; only the lengths are read now."""
+        path = Path(directory) / name
+        return cls(np.fromfile(f"{path}.lengths", np.uint16), path=path, dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.gather(np.array([i]))
+
+    def gather(self, indices: np.ndarray) -> np.ndarray:
+        """The sentences at `indices`, one after another, as one flat array."""
+        indices = np.asarray(indices, np.int64)
+        lengths = self.lengths[indices].astype(np.int64)  # (k,)
+        starts_in_out = np.cumsum(lengths) - lengths  # (k,) each sentence's start in the output
+        with self._mapped() as (values, offsets):
+            starts = np.asarray(offsets[indices])  # (k,)
+            # One index per value: its sentence's start in the store, plus its place in it.
+            index = np.repeat(starts - starts_in_out, lengths) + np.arange(lengths.sum())
+            out = np.asarray(values[index])
+        self.bytes_read += out.nbytes + 8 * len(indices)
+        return out
+
+    def chunks(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(lengths, values) of `size` sentences at a time, in order, read sequentially
+        (a disk store reads its files, mapping nothing)."""
+        with self._mapped(memory_map=False) as (values, offsets):
+            for start in range(0, len(self), size):
+                stop = min(start + size, len(self))
+                first, last = int(offsets[start]), int(offsets[stop])
+                yield self.lengths[start:stop], values(first, last)
+
+    def _mapped(self, memory_map: bool = True):
+        return _Mapped(self, memory_map)
+
+
+class _Mapped:
+    """A store's (values, offsets): its arrays, or its files mapped for one use (or,
+    with memory_map False, values as a function (first, last) -> array read from disk)."""
+
+    def __init__(self, store: TokenStore, memory_map: bool):
+        self.store, self.memory_map, self.file = store, memory_map, None
+
+    def __enter__(self):
+        store = self.store
+        if store.path is None:
+            values = store._values
+            return (values if self.memory_map else lambda a, b: values[a:b]), store._offsets
+        offsets = np.memmap(f"{store.path}.offsets", np.int64, mode="r")
+        if self.memory_map:
+            values = (np.memmap(f"{store.path}.ids", store.dtype, mode="r")
+                      if offsets[-1] else np.zeros(0, store.dtype))
+            return values, offsets
+        self.file = open(f"{store.path}.ids", "rb")
+        item = store.dtype.itemsize
+
+        def read(first: int, last: int) -> np.ndarray:
+            self.file.seek(first * item)
+            return np.fromfile(self.file, store.dtype, last - first)
+        return read, offsets
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class StoreWriter:
+    """Writes DIR/NAME.* a batch of sentences at a time (`add`), in order."""
+
+    def __init__(self, directory: Path, name: str, dtype: np.dtype):
+        self.path, self.dtype = Path(directory) / name, np.dtype(dtype)
+        self.values = open(f"{self.path}.ids", "wb")
+        self.offsets = open(f"{self.path}.offsets", "wb")
+        self.lengths = open(f"{self.path}.lengths", "wb")
+        self.end = 0  # values written so far
+        np.zeros(1, np.int64).tofile(self.offsets)
+
+    def add(self, lengths: np.ndarray, values: np.ndarray) -> None:
+        """Sentences of these `lengths`, their `values` one after another."""
+        lengths = np.asarray(lengths, np.int64)
+        if len(lengths) and lengths.max() > MAX_LENGTH:
+            raise ValueError(f"a sentence of {lengths.max()} values is longer than a store "
+                             f"holds ({MAX_LENGTH})")
+        np.asarray(values, self.dtype).tofile(self.values)
+        (self.end + np.cumsum(lengths)).tofile(self.offsets)
+        lengths.astype(np.uint16).tofile(self.lengths)
+        self.end += int(lengths.sum())
+
+    def close(self) -> None:
+        for f in (self.values, self.offsets, self.lengths):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+
+
+def fingerprint(sides: Sequence[TokenStore | None]) -> str:
+    """A digest of the sentences of each side, in order (16 hex digits): each
+    FINGERPRINT_CHUNK sentences' lengths (int64) then their ids (int32), side after side.
+    A training run's saved data position is valid only for data of the same digest."""
+    digest = hashlib.sha256()
+    for store in sides:
+        if store is None:
+            continue
+        for lengths, values in store.chunks(FINGERPRINT_CHUNK):
+            digest.update(lengths.astype(np.int64).tobytes())
+            digest.update(values.astype(np.int32).tobytes())
+    return digest.hexdigest()[:16]
