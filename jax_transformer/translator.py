@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jax_transformer.data.packing import padded_length
+from jax_transformer.data.rows import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError

@@ -20,8 +20,9 @@ import dataclasses
 import sys
 from typing import Sequence
 
+from jax_transformer import signals
 from jax_transformer.commands import exit_codes
-from jax_transformer.data.prepare import Encoding, Prepared, key, prepare
+from jax_transformer.data.prepare import Encoding, Prepared, key, prepare, stopped_preparing
 from jax_transformer.train.corpus import corpus
 from jax_transformer.train.settings import (MAX_SEED, PREPARED_FIELDS, DataSettings, TrainError,
                                             flag)
@@ -71,8 +72,9 @@ def run(argv: Sequence[str] | None) -> None:
               "kept as it is", file=sys.stderr)
         return
     try:
-        prepare(args.output, wanted, encoding, log=lambda line: print(line, file=sys.stderr),
-                progress=not args.quiet, workers=args.workers)
+        with signals.signal_handlers(signals.exit_at_once(stopped_preparing(args.output))):
+            prepare(args.output, wanted, encoding, log=lambda line: print(line, file=sys.stderr),
+                    progress=not args.quiet, workers=args.workers)
     except TokenizerError as e:
         raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
     print(f"prepared {args.output}: train.py --data {args.output}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """One part of a split encoded, in a process of its own: `python -m
-jax_transformer.data.encode_worker JOB.json` (prepare.py starts one a core).
+jax_transformer.data.encode_worker JOB.json`; `run` starts one a part (prepare.py: one a
+core) and `join_parts` joins their stores in order.
 
 It reads examples start..stop of the split from the raw stores (the split's order is
 RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs would (our tokenizer a
@@ -12,14 +13,21 @@ core, and the parent's threads (JAX's) are not copied.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import itertools
 import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import UNKNOWN_SHARE
@@ -28,6 +36,7 @@ from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
 
 CHUNK = 10_000  # examples encoded and written at a time
+PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 
 @dataclasses.dataclass
@@ -105,6 +114,78 @@ def _encode(tokenizer, texts: list[list[str]], first_number: int) -> list[list[l
         except InputError as e:  # e.g. a language code the vocabulary lacks
             raise CorpusError(f"pair {number} {e}") from None
     return [sources, targets]
+
+
+# --- in the preparing process --------------------------------------------------------------
+
+def run(jobs: list[Job], bar: tqdm) -> None:
+    """One encode_worker process a job; the bar follows the lengths they have written."""
+    procs = []
+    for job in jobs:
+        Path(f"{job.output}.job.json").write_text(json.dumps(dataclasses.asdict(job)))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "jax_transformer.data.encode_worker",
+             f"{job.output}.job.json"], stderr=subprocess.PIPE, text=True,
+            preexec_fn=_die_with_parent))
+    try:
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+            written = sum(_examples_written(job) for job in jobs)
+            bar.update(written - bar.n)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    for job, p in zip(jobs, procs):
+        if p.returncode:
+            raise RuntimeError(f"encoding examples {job.start}-{job.stop} of the {job.split} "
+                               f"split failed (exit {p.returncode}): {p.stderr.read().strip()}")
+    bar.update(bar.total - bar.n)
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it runs: the kernel kills it when the preparing process ends,
+    however it ends (Linux's PR_SET_PDEATHSIG; elsewhere, nothing)."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _examples_written(job: Job) -> int:
+    try:
+        return os.stat(f"{job.output}.{job.sides[-1]}.lengths").st_size // 2
+    except OSError:
+        return 0
+
+
+def join_parts(directory: Path, name: str, parts: list[str], dtype: np.dtype) -> None:
+    """DIR/NAME.* from the parts' stores, in order, a megabyte at a time."""
+    if len(parts) == 1:
+        for suffix in ("ids", "offsets", "lengths"):
+            os.replace(f"{parts[0]}.{suffix}", directory / f"{name}.{suffix}")
+        return
+    with open(directory / f"{name}.ids", "wb") as ids, \
+            open(directory / f"{name}.lengths", "wb") as lengths, \
+            open(directory / f"{name}.offsets", "wb") as offsets:
+        np.zeros(1, np.int64).tofile(offsets)
+        end = 0
+        for part in parts:
+            for suffix, out in (("ids", ids), ("lengths", lengths)):
+                with open(f"{part}.{suffix}", "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+            with open(f"{part}.offsets", "rb") as f:
+                f.seek(8)  # its leading 0
+                while True:
+                    block = np.fromfile(f, np.int64, 1 << 17)
+                    if not len(block):
+                        break
+                    (block + end).tofile(offsets)
+            end += os.stat(f"{part}.ids").st_size // dtype.itemsize
+        for f in (ids, lengths, offsets):
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def main(job_file: str) -> None:

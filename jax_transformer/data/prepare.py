@@ -36,11 +36,9 @@ Needs neither JAX nor torch.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,13 +50,11 @@ from tqdm import tqdm
 from jax_transformer.data import encode_worker
 from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
 from jax_transformer.data.encoding import UNKNOWN_SHARE, TOO_MANY_TOKENS
+from jax_transformer.data.prepared import FORMAT, MANIFEST, SPLITS, Prepared, file_sha256
 from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint, ids_dtype
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.tokenizer import UNK_ID, Tokenizer
 
-FORMAT = 1  # manifest.json's layout; another is prepared again
-MANIFEST = "manifest.json"
-SPLITS = ("train", "dev", "test")
 READ_CHUNK = 10_000  # examples written to the raw stores at a time
 TOKENIZER_SAMPLE = 1_000_000  # examples the tokenizer trains on, at most
 PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
@@ -139,76 +135,6 @@ def key(corpus: Corpus, encoding: Encoding) -> dict:
                                           "type": encoding.tokenizer_type}}
 
 
-def file_sha256(path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-class Prepared:
-    """A prepared directory, as `prepare` wrote it."""
-
-    def __init__(self, directory: str | os.PathLike):
-        self.directory = Path(directory)
-        path = self.directory / MANIFEST
-        try:
-            self.manifest = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CorpusError(f"{self.directory} is not a prepared corpus (it has no "
-                              f"{MANIFEST}); make one with jaxformer-prepare") from None
-        except (OSError, ValueError) as e:
-            raise CorpusError(f"{path} cannot be read ({e}); prepare the corpus again") from None
-        if not isinstance(self.manifest, dict) or self.manifest.get("format") != FORMAT:
-            raise CorpusError(f"{self.directory} was prepared in another format than this "
-                              f"version reads ({FORMAT}); prepare the corpus again")
-        self.dtype = np.dtype(self.manifest["ids_dtype"])
-
-    @property
-    def key(self) -> dict:
-        return self.manifest["key"]
-
-    @property
-    def unit(self) -> str:
-        return self.manifest["key"]["unit"]
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.directory / TOKENIZER_FILE
-
-    def sides(self, split: str) -> tuple[TokenStore | None, TokenStore]:
-        """(source store or None for a language model's lines, target store)."""
-        stores = {side: TokenStore.open(self.directory, f"{split}.{side}", self.dtype)
-                  for side in self.manifest["sides"]}
-        return stores.get("src"), stores["tgt"]
-
-    def fingerprint(self, split: str) -> str:
-        return self.manifest["splits"][split]["fingerprint"]
-
-    def examples(self, split: str) -> list:
-        """The dev or test split as text: (source, target) pairs, or lines."""
-        examples = json.loads((self.directory / f"{split}.json").read_text())
-        return [tuple(e) for e in examples] if self.unit == "pairs" else examples
-
-    def changed_files(self) -> list[str]:
-        """The corpus files that are here and differ from those prepared (their size, or
-        their contents when their modification time changed). Files not here are not
-        checked: a prepared directory is used without its corpus."""
-        changed = []
-        for entry in self.manifest["files"]:
-            path = Path(entry["path"])
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            if stat.st_size != entry["size"] or (stat.st_mtime_ns != entry["mtime_ns"] and
-                                                 file_sha256(path) != entry["sha256"]):
-                changed.append(str(path))
-        return changed
-
-    def is_preparation_of(self, wanted: dict) -> bool:
-        """Whether this is the preparation of key `wanted` from today's files."""
-        return self.key == wanted and not self.changed_files()
-
-
 def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
             log: Log = print, progress: bool = True, workers: int | None = None) -> Prepared:
     """Prepare `corpus` into directory `output` (replaced whole, at the end); returns it.
@@ -230,6 +156,12 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
     return Prepared(output)
 
 
+def stopped_preparing(directory) -> str:
+    """What a stop (SIGINT, SIGTERM) during a preparation of `directory` says."""
+    return (f"stopped while preparing {directory}: nothing of it is kept (the next "
+            "preparation removes its temporary twin); run the same command to prepare it")
+
+
 def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: bool,
              workers: int) -> dict:
     started = time.monotonic()
@@ -239,10 +171,17 @@ def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: 
         lines.append(line)
         log(line)
 
+    seconds = {}  # each stage's
+
+    def stage(name: str, began: float) -> None:
+        seconds[name] = round(time.monotonic() - began, 2)
+
     files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
               "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
     raw = _read_splits(tmp / "raw", corpus, say, progress)
     files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in files]
+    stage("read", started)
+    began = time.monotonic()
     if encoding.tokenizer is None:
         tokenizer = _train_tokenizer(tmp / TOKENIZER_FILE, raw["train"], encoding, say)
         unknown_ids = (UNK_ID, UNK_ID)
@@ -253,19 +192,25 @@ def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: 
     # A checkpoint's tokenizer (its language codes, two vocabularies) keeps int32 ids.
     dtype = (ids_dtype(tokenizer.vocab_size) if isinstance(tokenizer, Tokenizer)
              else np.dtype(np.int32))
+    stage("tokenizer", began)
+    began = time.monotonic()
     splits = {}
-    for split in SPLITS:
+    for split in ("test", "dev", "train"):  # the small ones first: a refusal comes early
         texts = raw[split]
         if split != "train":
             _write_examples(tmp / f"{split}.json", texts)
         splits[split] = _encode_split(tmp, split, texts, tokenizer, encoding.max_len,
                                       unknown_ids, dtype, corpus.unit, say, progress, workers)
     shutil.rmtree(tmp / "raw")
-    say(f"prepared in {time.monotonic() - started:.1f} s: "
+    stage("encode", began)
+    stage("total", started)
+    say(f"prepared in {seconds['total']:.1f} s: "
         + ", ".join(f"{split} {s['examples']:,}" for split, s in splits.items()))
+    tokenizer_file = tmp / TOKENIZER_FILE
     return {"format": FORMAT, "key": key(corpus, encoding), "files": files,
+            "tokenizer_sha256": file_sha256(tokenizer_file) if tokenizer_file.exists() else None,
             "ids_dtype": dtype.name, "sides": list(corpus.sides), "splits": splits,
-            "log": lines}
+            "seconds": seconds, "workers": workers, "log": lines}
 
 
 # --- 1. read, 2. split ---------------------------------------------------------------------
@@ -394,10 +339,11 @@ def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: in
         if parts == 1:
             encode_worker.encode(jobs[0], tokenizer, bar.update)
         else:
-            _run_workers(jobs, bar)
+            encode_worker.run(jobs, bar)
     summaries = [json.loads(Path(f"{job.output}.json").read_text()) for job in jobs]
     for side in texts.stores:
-        _join_parts(tmp, f"{split}.{side}", [f"{job.output}.{side}" for job in jobs], dtype)
+        encode_worker.join_parts(tmp, f"{split}.{side}", [f"{job.output}.{side}" for job in jobs],
+                                 dtype)
     kept = sum(s["kept"] for s in summaries)
     report = CorpusReport(f"tokenized (max_len {max_len})", unit=unit, kept=kept)
     for job, summary in zip(jobs, summaries):
@@ -422,66 +368,6 @@ def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: in
                 else None for side in ("src", "tgt"))
     return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
             "many_unknown": many_unknown}
-
-
-def _run_workers(jobs: list, bar: tqdm) -> None:
-    """One encode_worker process a job; the bar follows the lengths they have written."""
-    procs = []
-    for job in jobs:
-        Path(f"{job.output}.job.json").write_text(json.dumps(dataclasses.asdict(job)))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "jax_transformer.data.encode_worker",
-             f"{job.output}.job.json"], stderr=subprocess.PIPE, text=True))
-    try:
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.5)
-            written = sum(_examples_written(job) for job in jobs)
-            bar.update(written - bar.n)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    for job, p in zip(jobs, procs):
-        if p.returncode:
-            raise RuntimeError(f"encoding examples {job.start}-{job.stop} of the {job.split} "
-                               f"split failed (exit {p.returncode}): {p.stderr.read().strip()}")
-    bar.update(bar.total - bar.n)
-
-
-def _examples_written(job) -> int:
-    try:
-        return os.stat(f"{job.output}.{job.sides[-1]}.lengths").st_size // 2
-    except OSError:
-        return 0
-
-
-def _join_parts(directory: Path, name: str, parts: list[str], dtype: np.dtype) -> None:
-    """DIR/NAME.* from the parts' stores, in order, a megabyte at a time."""
-    if len(parts) == 1:
-        for suffix in ("ids", "offsets", "lengths"):
-            os.replace(f"{parts[0]}.{suffix}", directory / f"{name}.{suffix}")
-        return
-    with open(directory / f"{name}.ids", "wb") as ids, \
-            open(directory / f"{name}.lengths", "wb") as lengths, \
-            open(directory / f"{name}.offsets", "wb") as offsets:
-        np.zeros(1, np.int64).tofile(offsets)
-        end = 0
-        for part in parts:
-            for suffix, out in (("ids", ids), ("lengths", lengths)):
-                with open(f"{part}.{suffix}", "rb") as f:
-                    shutil.copyfileobj(f, out, 1 << 20)
-            with open(f"{part}.offsets", "rb") as f:
-                f.seek(8)  # its leading 0
-                while True:
-                    block = np.fromfile(f, np.int64, 1 << 17)
-                    if not len(block):
-                        break
-                    (block + end).tofile(offsets)
-            end += os.stat(f"{part}.ids").st_size // dtype.itemsize
-        for f in (ids, lengths, offsets):
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def _replace_directory(new: Path, output: Path) -> None:

@@ -20,11 +20,13 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from jax_transformer import signals
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import unknown_id
-from jax_transformer.data.packing import (BatchMultipleChanged, PackedBatches, fitting_row_shape,
-                                          positions_needed)
-from jax_transformer.data.prepare import Encoding, NoneFits, Prepared, file_sha256, key, prepare
+from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
+from jax_transformer.data.rows import fitting_row_shape, positions_needed
+from jax_transformer.data.prepare import (Encoding, NoneFits, Prepared, file_sha256, key, prepare,
+                                          stopped_preparing)
 from jax_transformer.train import corpus as train_corpus, peers
 from jax_transformer.train.settings import DataSettings, RunSettings, TrainError
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
@@ -40,11 +42,13 @@ def log(message: str) -> None:
 
 
 def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
-                    resuming: bool, primary: bool) -> Prepared:
+                    resumed_step: int | None, primary: bool) -> Prepared:
     """The run's prepared corpus: --data DIR (refused when a corpus file it was prepared
     from is here and changed), or WORKDIR/data, prepared by process 0 unless it is the
     preparation of this corpus with this tokenizer and these settings already; the
-    other processes wait for it. `init`: a fine-tuning run's finetune.InitDir."""
+    other processes wait for it. A resumed run (from checkpoint `resumed_step`) whose
+    corpus changed since it prepared it is refused before anything is prepared again.
+    `init`: a fine-tuning run's finetune.InitDir."""
     data = settings.data
     if data.data:
         prepared = Prepared(data.data)
@@ -58,15 +62,22 @@ def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint
     directory = workdir / DATA_DIR
     if primary:
         corpus = train_corpus.corpus(data, settings.train.seed)
-        encoding = _encoding(workdir, settings, init, init_fingerprint, resuming)
+        encoding = _encoding(workdir, settings, init, init_fingerprint, resumed_step is not None)
         existing = _whole_or_none(directory)
+        changed = existing.changed_files() if existing is not None else []
+        if changed and resumed_step is not None:
+            raise TrainError(f"the training data differ from those of checkpoint "
+                             f"{resumed_step}: {', '.join(changed)} changed since the run "
+                             f"prepared {directory}. Was {corpus_flags(data)} changed? "
+                             "Restore it, or use a new --workdir")
         if existing is not None and existing.is_preparation_of(key(corpus, encoding)):
             _log_prepared(existing)
         else:
             log(f"data: preparing {directory}")
             try:
-                prepare(directory, corpus, encoding, log=log,
-                        progress=not settings.train.quiet)
+                with signals.signal_handlers(signals.exit_at_once(stopped_preparing(directory))):
+                    prepare(directory, corpus, encoding, log=log,
+                            progress=not settings.train.quiet)
             except NoneFits as e:  # the split is named, and the flag
                 raise TrainError(f"{e}; raise --max-len") from None
             except TokenizerError as e:
@@ -162,11 +173,16 @@ def set_data_position(batches, data_state: dict, data_settings: DataSettings,
             # A state saved before it recorded its multiple: the settings (max_tokens) and
             # row lengths match, so the rows were rounded to another device count.
             raise TrainError(other_device_count(data_state, batches, step, None)) from None
-        corpus = ("the built-in corpus (its flags)" if data_settings.builtin else
-                  "--columns-path" if data_settings.columns_path else
-                  "--text-path" if data_settings.text_path else "--src-path / --tgt-path")
         raise TrainError(f"the training data differ from those of checkpoint {step}: {e}. Was "
-                         f"{corpus} changed? Restore it, or use a new --workdir") from None
+                         f"{corpus_flags(data_settings)} changed? Restore it, or use a new "
+                         "--workdir") from None
+
+
+def corpus_flags(data: DataSettings) -> str:
+    """The flags that name a run's corpus."""
+    return ("the built-in corpus (its flags)" if data.builtin else
+            "--columns-path" if data.columns_path else
+            "--text-path" if data.text_path else "--src-path / --tgt-path")
 
 
 def rows_alone_differ(data_state: dict, batches: PackedBatches) -> bool:

@@ -20,11 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_transformer import lm_decoding
-from jax_transformer.data import corpora
 from jax_transformer.data.encoding import encode_lines
 from jax_transformer.model import DecoderOnlyTransformer
 from jax_transformer.train import evaluation, plots
-from jax_transformer.train.settings import DataSettings, TrainSettings
+from jax_transformer.train.settings import TrainSettings
 from transformer_core.generation import Sampling, pad_prompts
 from transformer_core.tokenizer import Tokenizer
 

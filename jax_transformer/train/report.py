@@ -13,11 +13,14 @@ from jax_transformer.train import compiling, peers
 
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
                     seconds: float, real_tokens: int, seconds_before_training: float,
-                    out_of_time: bool, host_seconds: list[float]) -> dict:
+                    out_of_time: bool, host_seconds: list[float], data_bytes: int) -> dict:
     """host_seconds_per_step: the loop's own work per step (median CPU time of its
     thread), taking the prefetched batch and dispatching the step while the devices
     run the steps before it; its waits for the devices (a batch still being
-    transferred, a full dispatch queue) are not counted."""
+    transferred, a full dispatch queue) are not counted. train_data_read_bytes: what
+    each process read of the prepared training split (of train_data_bytes): the
+    lengths, and the sentences of its own rows of each batch (a gathering: every
+    process calls this)."""
     fill = train_batches.fill()
     return {"batch_shapes": train_batches.shapes(),
             "real_token_fraction": round(fill["real_fraction"], 4),
@@ -31,7 +34,10 @@ def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds
             "seconds_before_training": round(seconds_before_training, 3),
             "stopped_by": "time_budget" if out_of_time else "steps",
             "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
-                                         or {}).get("peak_bytes_in_use")}
+                                         or {}).get("peak_bytes_in_use"),
+            "train_data_bytes": data_bytes,
+            "train_data_read_bytes": [int(n) for n in peers.gather(
+                "data read", str(train_batches.bytes_read))]}
 
 
 def state_digest(state) -> str:

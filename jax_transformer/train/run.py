@@ -134,8 +134,8 @@ class TrainingRun:
         check_run_settings(workdir, recorded, self.resuming, self.primary)
 
         self.data = prepared_corpus(workdir, self.settings, init,
-                                    recorded.get("init_from_fingerprint"), self.resuming,
-                                    self.primary)
+                                    recorded.get("init_from_fingerprint"),
+                                    self.checkpointer.latest_step(), self.primary)
         if init is None:
             self.tokenizer = run_tokenizer(workdir, self.data, self.resuming, self.primary)
             special_ids = PAD_ID, BOS_ID, EOS_ID
@@ -274,7 +274,7 @@ class TrainingRun:
             self.batches["train"], steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
             seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time,
-            host_seconds=host_seconds)
+            host_seconds=host_seconds, data_bytes=self.data.split_bytes("train"))
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")
         return state, report

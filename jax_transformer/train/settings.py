@@ -88,11 +88,8 @@ def flag(name: str) -> str:
 class DataSettings:
     """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
     number-words corpus; with --task lm, the built-in counting text)."""
-    data: str | None = setting(None, "a corpus prepared ahead by jaxformer-prepare (with these "
-                               "data flags, which it records): train from it, reading and "
-                               "encoding nothing; the corpus flags default to its own and "
-                               "may only repeat them. Without it, the corpus is prepared in "
-                               "WORKDIR/data the first time a run sees it", metavar="DIR")
+    data: str | None = setting(None, "a corpus jaxformer-prepare made, whose corpus flags are "
+                               "the defaults (else: prepared in WORKDIR/data)", metavar="DIR")
     task: str = setting("translate", "translate: an encoder-decoder on sentence pairs; lm: a "
                         "decoder-only language model on lines of text, which also prints "
                         "sampled continuations", choices=tuple(TASK_ARCHITECTURES))
@@ -159,8 +156,7 @@ class DataSettings:
         return not (self.src_path or self.columns_path or self.text_path)
 
     def preparation(self, seed: int) -> dict:
-        """What a prepared corpus records of these settings (its key, data.prepare): the
-        fields of PREPARED_FIELDS, and the seed that held out dev and test."""
+        """What a prepared corpus's key records: PREPARED_FIELDS, and the held-out seed."""
         return {**{name: getattr(self, name) for name in PREPARED_FIELDS}, "seed": seed}
 
     def held_out(self, available: int, source: str, unit: str,
@@ -182,20 +178,16 @@ class DataSettings:
         return TASK_ARCHITECTURES[self.task]
 
 
-# The data settings a prepared corpus fixes: what is read, held out and encoded how.
-PREPARED_FIELDS = ("task", "text_path", "src_lang", "tgt_lang", "num_train", "max_number",
-                   "src_path", "tgt_path", "columns_path", "src_column", "tgt_column",
-                   "dev_src_path", "dev_tgt_path", "test_src_path", "test_tgt_path", "num_dev",
-                   "num_test", "tokenizer_type", "vocab_size", "max_len")
+PREPARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)  # a preparation's
+                        if f.name not in ("data", "max_tokens"))
 
 
 def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSettings:
     """`data` with the corpus settings a prepared directory recorded; a TrainError naming
     the flag when one given differs from them (a flag at its default follows them)."""
-    default = DataSettings()
     for name in PREPARED_FIELDS:
         given, then = getattr(data, name), recorded[name]
-        if given != then and given != getattr(default, name):
+        if given != then and given != getattr(DataSettings, name):
             raise TrainError(f"--data {directory} was prepared with {flag(name)} {then!r}; "
                              f"drop {flag(name)} {given!r}, or prepare the corpus again")
     return dataclasses.replace(data, **{name: recorded[name] for name in PREPARED_FIELDS})

@@ -14,7 +14,7 @@ import numpy as np
 from jax_transformer import translator
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
-from jax_transformer.train.settings import DataSettings, TrainSettings
+from jax_transformer.train.settings import TrainSettings
 from transformer_core.fairseq_tokenizer import FairseqTokenizer
 from transformer_core.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from num2words import num2words
 
-from jax_transformer.data import encoding, packing
+from jax_transformer.data import encoding, rows
 from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_pairs, train_tokenizer
 from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
 from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECODABLE, CorpusError,
@@ -235,10 +235,10 @@ def test_fitting_row_shape():
     src_needed, tgt_needed = np.array([3, 5, 9, 30]), np.array([2, 2, 3, 40])
     # The side with more tokens holds its longest sentence and ROW_SENTENCES average
     # ones; the other side its longest and a length in proportion to its tokens.
-    assert packing.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
-    assert packing.fitting_row_shape(np.full(9, 10), np.full(9, 20), 256) == (48, 96)
-    assert packing.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
-    assert packing.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
+    assert rows.fitting_row_shape(src_needed, tgt_needed, max_len=256) == (48, 48)
+    assert rows.fitting_row_shape(np.full(9, 10), np.full(9, 20), 256) == (48, 96)
+    assert rows.fitting_row_shape(src_needed, np.array([2, 2, 3, 4]), 256) == (48, 16)
+    assert rows.fitting_row_shape(src_needed, tgt_needed, max_len=40) == (40, 40)
 
 
 def test_jit_compiles_once_per_announced_shape():

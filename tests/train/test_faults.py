@@ -19,6 +19,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from jax_transformer.data.encoding import encode_pairs
+from jax_transformer.data.prepared import SPLITS, Prepared
 from jax_transformer.train import checkpoints, inputs
 from jax_transformer.train.settings import DataSettings
 from jax_transformer.train.workdir import open_workdir
@@ -70,9 +72,9 @@ def batches_read(workdir: Path, step: int) -> int:
     """How many training batches the data position saved with checkpoint `step` is past."""
     position = data_position(workdir, step)
     data, _, train_settings = tiny_settings(workdir)
-    splits = inputs.load_corpus(data, train_settings.seed)
-    batches = inputs.make_batches(splits, Tokenizer(workdir / "tokenizer.model"), data,
-                                train_settings.seed)["train"]
+    prepared = Prepared(workdir / inputs.DATA_DIR)
+    batches = inputs.make_batches({split: prepared.sides(split) for split in SPLITS}, data,
+                                  train_settings.seed)["train"]
     return sum(len(batches.epoch_plan(e)) for e in range(position["epoch"])) + position["index"]
 
 
@@ -342,5 +344,7 @@ def test_max_len_beyond_the_default_buckets_trains(tmp_path):
     tokenizer = Tokenizer.train(["a b c d e f g h"] * 20, tmp_path / "spm.model", vocab_size=20)
     long_pair = (" ".join(["a"] * 290), " ".join(["b"] * 250))  # 580 and 500 pieces
     splits = {"train": [long_pair, ("a b", "c d")], "dev": [("a", "b")], "test": [("c", "d")]}
-    batches = inputs.make_batches(splits, tokenizer, DataSettings(max_len=600, max_tokens=1200), 0)
+    encoded = {split: encode_pairs(tokenizer, pairs, max_len=600)[:2]
+               for split, pairs in splits.items()}
+    batches = inputs.make_batches(encoded, DataSettings(max_len=600, max_tokens=1200), 0)
     assert 600 in [src_length for _, src_length, _ in batches["train"].shapes()]

@@ -122,14 +122,6 @@ def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir,
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nor any step taken
 
 
-def test_a_few_unknown_lines_are_counted_and_reported(capsys):
-    ids = [np.array([5, 6, 7, 8]), np.array([1, 1, 5]), np.array([5, 1, 6, 7]), np.array([9])]
-    inputs.check_unknown("dev", ids, [np.array([5])] * 4, Tokenizer.__new__(Tokenizer))
-    assert "dev: 2 of 4 pairs (50.0%) are 25% or more unknown pieces" in capsys.readouterr().err
-    with pytest.raises(settings.TrainError, match="dev: 3 of 4 pairs"):  # either side counts
-        inputs.check_unknown("dev", ids, [np.array([1])] + [np.array([5])] * 3, None)
-
-
 def test_help_says_which_schedule_init_from_uses(small_dir, tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_command.parse_args(["--help"])

@@ -1,0 +1,291 @@
+"""A corpus prepared once (data/prepare.py, data/store.py): the same examples, tokenizer,
+fingerprints and batches as the in-memory path, in bounded memory; whole or absent."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jax_transformer.data import corpora, packing, prepare as prepare_module
+from jax_transformer.data.corpora import CorpusError, CorpusReport
+from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, encode_pairs, \
+    train_tokenizer
+from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.prepare import (Corpus, Encoding, NoneFits, Prepared, Source, given,
+                                          key, prepare)
+from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint
+from transformer_core.tokenizer import Tokenizer
+
+WORDS = "the a cat dog sat ran on under mat log big small red old new one two".split()
+
+
+def write_parallel(tmp_path, count: int, seed: int = 0, long_every: int = 0):
+    """Two aligned files of `count` random sentences (every `long_every`-th one long)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(count):
+        n = 60 if long_every and i % long_every == 0 else int(rng.integers(2, 12))
+        lines.append(" ".join(rng.choice(WORDS, n)))
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("".join(line + "\n" for line in lines))
+    tgt.write_text("".join(line.upper() + " ." + "\n" for line in lines))
+    return src, tgt
+
+
+def parallel_corpus(src, tgt, num_dev=30, num_test=40, seed=0, **given_splits):
+    report = CorpusReport(f"{src} | {tgt}")
+    sources = {split: Source(lambda r, s=s, t=t: corpora.parallel_text(s, t, r),
+                             CorpusReport(f"{s} | {t}"), files=(str(s), str(t)))
+               for split, (s, t) in given_splits.items()}
+    return Corpus("pairs", train=Source(lambda r: corpora.parallel_text(src, tgt, r), report,
+                                        files=(str(src), str(tgt))),
+                  settings={"seed": seed, "files": [str(src), str(tgt)]}, **sources,
+                  held_out=lambda available, files_given: (
+                      0 if "dev" in files_given else num_dev,
+                      0 if "test" in files_given else num_test))
+
+
+def in_memory(src, tgt, tmp_path, num_dev=30, num_test=40, max_len=16, vocab_size=60):
+    """The in-memory path (read, hold out, train the tokenizer, encode): per split (src ids,
+    tgt ids, report), the tokenizer, the splits as text."""
+    pairs, _ = corpora.read_parallel_text(src, tgt)
+    splits = corpora.holdout_split(pairs, num_dev, num_test, seed=0)
+    tokenizer = train_tokenizer(splits["train"], tmp_path / "memory.model", vocab_size=vocab_size)
+    encoded = {split: encode_pairs(tokenizer, examples, max_len=max_len)
+               for split, examples in splits.items()}
+    return encoded, tokenizer, splits
+
+
+def assert_same_batches(a: PackedBatches, b: PackedBatches, count: int = 10):
+    ia, ib = a.iterator(), b.iterator()
+    for _ in range(count):
+        x, y = next(ia), next(ib)
+        assert x.keys() == y.keys()
+        for name in x:
+            np.testing.assert_array_equal(x[name], y[name])
+
+
+# --- store.py ------------------------------------------------------------------------------
+
+def test_a_store_on_disk_gives_what_one_in_memory_does(tmp_path):
+    rng = np.random.default_rng(0)
+    sentences = [rng.integers(0, 60000, rng.integers(0, 9)).astype(np.int32) for _ in range(300)]
+    writer = StoreWriter(tmp_path, "s", np.uint16)
+    for start in range(0, 300, 70):  # written in batches, as the encoder does
+        chunk = sentences[start:start + 70]
+        writer.add([len(x) for x in chunk], np.concatenate(chunk))
+    writer.close()
+    disk, memory = TokenStore.open(tmp_path, "s", np.uint16), TokenStore.in_memory(sentences)
+    assert len(disk) == 300 and disk.lengths.dtype == np.uint16
+    indices = rng.permutation(300)[:50]
+    np.testing.assert_array_equal(disk.gather(indices), np.concatenate(
+        [sentences[i] for i in indices]))
+    np.testing.assert_array_equal(disk.gather(indices), memory.gather(indices))
+    np.testing.assert_array_equal(disk[7], sentences[7])
+    before = disk.bytes_read  # what gathers asked for: the values and their offsets
+    values = disk.gather(indices)
+    assert disk.bytes_read - before == values.nbytes + 8 * len(indices)
+    # The fingerprint is the in-memory path's (PackedBatches' before stores existed).
+    assert fingerprint([disk]) == fingerprint([memory])
+    other = [s.copy() for s in sentences]
+    other[299] = other[299] + 1 if len(other[299]) else np.array([1], np.int32)
+    assert fingerprint([TokenStore.in_memory(other)]) != fingerprint([memory])
+
+
+# --- prepare.py: the in-memory path's examples -----------------------------------------------
+
+def test_a_prepared_corpus_equals_the_in_memory_path(tmp_path):
+    """The same tokenizer (byte for byte), the same examples in the same order (the
+    fingerprint), the same skip report, the same batches, and the held-out texts."""
+    src, tgt = write_parallel(tmp_path, 600, long_every=25)
+    encoded, tokenizer, splits = in_memory(src, tgt, tmp_path)
+    prepared = prepare(tmp_path / "prepared", parallel_corpus(src, tgt),
+                       Encoding(max_len=16, vocab_size=60), log=lambda line: None,
+                       progress=False)
+    assert prepared.tokenizer_path.read_bytes() == tokenizer.path.read_bytes()
+    for split, (src_ids, tgt_ids, report) in encoded.items():
+        memory = PackedBatches(src_ids, tgt_ids, 256, [(32, 32)], seed=4)
+        disk = PackedBatches(*prepared.sides(split), 256, [(32, 32)], seed=4,
+                             fingerprint=prepared.fingerprint(split))
+        assert disk.fingerprint == memory.fingerprint
+        assert PackedBatches(*prepared.sides(split), 256, [(32, 32)]).fingerprint == \
+            memory.fingerprint  # the manifest's fingerprint is the stores' own
+        assert_same_batches(memory, disk)
+        assert prepared.manifest["splits"][split]["examples"] == len(src_ids)
+    assert prepared.examples("test") == splits["test"] and prepared.examples("dev") == \
+        splits["dev"]
+    _, _, train_report = encoded["train"]
+    assert train_report.skipped[TOO_MANY_TOKENS] > 0  # the long sentences, line-numbered
+    assert f"train: {train_report}" in prepared.manifest["log"]
+
+
+def test_workers_encode_in_parts_that_join_in_order(tmp_path, monkeypatch):
+    """Split into three parts, encoded by three worker processes, then joined: the same
+    stores as one part encoded here."""
+    src, tgt = write_parallel(tmp_path, 900, long_every=40)
+    corpus, encoding = parallel_corpus(src, tgt), Encoding(max_len=16, vocab_size=60)
+    whole = prepare(tmp_path / "whole", corpus, encoding, log=lambda line: None,
+                    progress=False)
+    monkeypatch.setattr(prepare_module, "PART_EXAMPLES", 200)
+    parts = prepare(tmp_path / "parts", parallel_corpus(src, tgt), encoding,
+                    log=lambda line: None, progress=False, workers=3)
+    assert parts.manifest["splits"] == whole.manifest["splits"]
+    for suffix in ("ids", "offsets", "lengths"):
+        for side in ("src", "tgt"):
+            name = f"train.{side}.{suffix}"
+            assert (parts.directory / name).read_bytes() == (whole.directory / name).read_bytes()
+    too_long = [line for line in parts.manifest["log"] if line.startswith("train: tokenized")]
+    assert too_long == [line for line in whole.manifest["log"]
+                        if line.startswith("train: tokenized")] and too_long
+
+
+def test_given_dev_and_test_files_and_a_language_models_lines(tmp_path):
+    src, tgt = write_parallel(tmp_path, 300)
+    (tmp_path / "held").mkdir()
+    dev_src, dev_tgt = write_parallel(tmp_path / "held", 20, seed=1)
+    prepared = prepare(tmp_path / "prepared",
+                       parallel_corpus(src, tgt, dev=(dev_src, dev_tgt)),
+                       Encoding(max_len=128, vocab_size=60), log=lambda line: None,
+                       progress=False)
+    pairs, _ = corpora.read_parallel_text(dev_src, dev_tgt)
+    assert prepared.examples("dev") == pairs  # the given file, whole and in order
+    assert prepared.manifest["splits"]["test"]["examples"] == 40
+    assert prepared.manifest["splits"]["train"]["examples"] == 260
+
+    lines = [" ".join(np.random.default_rng(i).choice(WORDS, 5)) for i in range(200)]
+    text = Corpus("lines", settings={}, **{
+        split: Source(lambda r, part=part: given(part, r), CorpusReport("counting", unit="lines"))
+        for split, part in (("train", lines[:150]), ("dev", lines[150:170]),
+                            ("test", lines[170:]))})
+    tokenizer = Tokenizer.train(lines[:150], tmp_path / "lm.model", vocab_size=40)
+    lm = prepare(tmp_path / "lm", text, Encoding(max_len=32, tokenizer=tokenizer),
+                 log=lambda line: None, progress=False)
+    src_store, tgt_store = lm.sides("train")
+    ids, _ = encode_lines(tokenizer, lines[:150], max_len=32)
+    assert src_store is None
+    assert lm.fingerprint("train") == PackedBatches(None, ids, 128, [(0, 32)]).fingerprint
+    assert lm.examples("test") == lines[170:]
+    assert lm.tokenizer_path.read_bytes() == tokenizer.path.read_bytes()
+
+
+# --- bad data, refusals, interruptions --------------------------------------------------------
+
+def test_mostly_unknown_and_too_long_splits_are_refused(tmp_path):
+    src, tgt = write_parallel(tmp_path, 200)
+    with pytest.raises(NoneFits, match=r"every pair of the test split \(40\) is longer than "
+                                       "max_len 2 tokens"):
+        prepare(tmp_path / "p", parallel_corpus(src, tgt), Encoding(max_len=2, vocab_size=60),
+                log=lambda line: None, progress=False)
+    other = Tokenizer.train(["xyz qrs"] * 50, tmp_path / "other.model", vocab_size=12)
+    with pytest.raises(CorpusError, match=r"test: 40 of 40 pairs \(100.0%\) are 25% or more "
+                                          r"unknown pieces"):
+        prepare(tmp_path / "p", parallel_corpus(src, tgt),
+                Encoding(max_len=64, tokenizer=other), log=lambda line: None, progress=False)
+    assert not (tmp_path / "p").exists() and not list(tmp_path.glob("p.tmp-*"))
+
+
+def test_a_few_mostly_unknown_examples_are_counted_and_reported(tmp_path):
+    """A side with 25% or more <unk> pieces flags its pair, whichever side it is."""
+    english = [" ".join(np.random.default_rng(i).choice(WORDS, 4)) for i in range(40)]
+    tokenizer = Tokenizer.train(english, tmp_path / "en.model", vocab_size=40)
+    greek = "αβγ δεζ ηθι"
+    pairs = [(greek if i < 3 else e, greek if 3 <= i < 5 else e) for i, e in enumerate(english)]
+    pairs[5] = (english[5] + " αβγ", english[5])  # one unknown piece of many: not flagged
+    corpus = Corpus("pairs", settings={}, **{
+        split: Source(lambda r, part=part: given(part, r), CorpusReport("mixed"))
+        for split, part in (("train", pairs), ("dev", pairs[20:]), ("test", pairs[30:]))})
+    lines = []
+    prepared = prepare(tmp_path / "p", corpus, Encoding(max_len=64, tokenizer=tokenizer),
+                       log=lines.append, progress=False)
+    assert prepared.manifest["splits"]["train"]["many_unknown"] == 5
+    assert "train: 5 of 40 pairs (12.5%) are 25% or more unknown pieces (<unk>) to the " \
+           "tokenizer" in lines
+    assert prepared.manifest["splits"]["dev"]["many_unknown"] == 0
+
+
+def test_unequal_line_counts_are_named_and_nothing_is_left(tmp_path):
+    src, tgt = write_parallel(tmp_path, 100)
+    tgt.write_text(tgt.read_text() + "one more\n")
+    with pytest.raises(CorpusError, match="has 100 lines but .* has 101"):
+        prepare(tmp_path / "p", parallel_corpus(src, tgt), Encoding(max_len=32, vocab_size=60),
+                log=lambda line: None, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.src", "train.tgt"]
+
+
+def test_a_changed_corpus_file_is_detected(tmp_path):
+    src, tgt = write_parallel(tmp_path, 200)
+    corpus, encoding = parallel_corpus(src, tgt), Encoding(max_len=32, vocab_size=60)
+    prepared = prepare(tmp_path / "p", corpus, encoding, log=lambda line: None, progress=False)
+    assert prepared.is_preparation_of(key(corpus, encoding))
+    assert not prepared.is_preparation_of(key(corpus, Encoding(max_len=33, vocab_size=60)))
+    os.utime(src, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, not changed
+    assert prepared.changed_files() == []
+    text = src.read_text()
+    src.write_text(text.replace("cat", "dog", 1) if "cat" in text else "x" + text[1:])
+    os.utime(src, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert prepared.changed_files() == [str(src.resolve())]  # same size, other bytes
+    src.unlink()  # a prepared directory is used without its corpus
+    assert prepared.changed_files() == []
+
+
+@pytest.mark.slow  # a subprocess, killed
+def test_a_killed_preparation_leaves_nothing_a_run_could_take_for_whole(tmp_path):
+    src, tgt = write_parallel(tmp_path, 60_000)
+    command = [sys.executable, "-m", "jax_transformer.commands.prepare", "--output",
+               str(tmp_path / "p"), "--src-path", str(src), "--tgt-path", str(tgt),
+               "--vocab-size", "60", "--quiet"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:  # killed while it encodes
+        if line.startswith("tokenizer: "):
+            break
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (tmp_path / "p").exists() and list(tmp_path.glob("p.tmp-*"))
+    with pytest.raises(CorpusError, match="is not a prepared corpus"):
+        Prepared(tmp_path / "p")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Prepared(tmp_path / "p").manifest["splits"]["train"]["examples"] > 0
+    assert not list(tmp_path.glob("p.tmp-*"))  # the interrupted one's twin is gone
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert "kept as it is" in again.stderr
+
+
+# --- packing in blocks ------------------------------------------------------------------------
+
+def test_an_epoch_of_several_blocks_serves_every_example_once_and_resumes(monkeypatch):
+    monkeypatch.setattr(packing, "PLAN_BLOCK", 70)
+    rng = np.random.default_rng(0)
+    src = [rng.integers(4, 50, rng.integers(1, 12)) for _ in range(200)]
+    tgt = [rng.integers(4, 50, rng.integers(1, 12)) for _ in range(200)]
+    data = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)], seed=3)
+    assert data.blocks == 3
+    served = sorted(i for _, rows in data.epoch_plan(0) for row in rows for i in row)
+    assert served == list(range(200))
+    uninterrupted = data.iterator()
+    total = len(data.epoch_plan(0))
+    reference = [next(uninterrupted) for _ in range(total + 5)]
+    for stop in (len(data.block_plan(0, 0)), len(data.block_plan(0, 0)) + 1, total - 1):
+        interrupted = data.iterator()
+        for _ in range(stop):
+            next(interrupted)
+        state = json.loads(json.dumps(interrupted.get_state()))
+        resumed = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)],
+                                seed=3).iterator(state)
+        for expected in reference[stop:stop + 4]:
+            batch = next(resumed)
+            for name in batch:
+                np.testing.assert_array_equal(batch[name], expected[name])
+    # A position saved before blocks (no "block") is one of a whole-epoch plan: refused
+    # where blocks change the plan, kept where there is one block.
+    old = {k: v for k, v in data.iterator().get_state().items() if k != "block"}
+    with pytest.raises(CorpusError, match="planned epochs whole"):
+        data.iterator(old)
+    monkeypatch.setattr(packing, "PLAN_BLOCK", 500)
+    single = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)], seed=3)
+    assert single.iterator(old).get_state()["block"] == 0
