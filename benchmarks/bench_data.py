@@ -96,13 +96,14 @@ def prepare(src: Path, tgt: Path, directory: Path) -> dict:
                           text=True, check=True)
     usage = json.loads(done.stdout.strip().splitlines()[-1])
     manifest = json.loads((directory / "manifest.json").read_text())
-    pairs = sum(split["examples"] for split in manifest["splits"].values())
-    seconds = manifest["seconds"]
+    pairs = sum(split["read"] for split in manifest["splits"].values())
+    seconds, train = manifest["seconds"], manifest["splits"]["train"]
     return {"command_seconds": round(time.monotonic() - began, 1), "seconds": seconds,
-            "workers": manifest["workers"], "pairs_kept": pairs,
+            "workers": train["parts"], "pairs": pairs,
             "pairs_per_s": round(pairs / seconds["total"]),
-            "encode_pairs_per_s_per_worker": round(pairs / seconds["encode"] /
-                                                   manifest["workers"]),
+            "encode_pairs_per_s_per_worker": round(train["read"] / train["encode_seconds"] /
+                                                   train["parts"]),
+            "train_fingerprint_seconds": train["fingerprint_seconds"],
             "peak_rss_mib": round(usage["RUSAGE_SELF"] / 1024),
             "peak_worker_rss_mib": round(usage["RUSAGE_CHILDREN"] / 1024),
             "directory_mib": round(sum(p.stat().st_size for p in directory.iterdir()) / MIB),
@@ -173,17 +174,20 @@ def distributed(directory: Path, workdir: Path, cache: Path, steps: int) -> dict
 
     reports = {name: json.loads((run / "eval.json").read_text())["training"]
                for name, run in (("one", one), ("two", two))}
+    manifest = json.loads((directory / "manifest.json").read_text())
     a, b = np.array(losses(one)), np.array(losses(two))
     return {"steps": steps, "losses_one_process": a.tolist(), "losses_two_processes": b.tolist(),
             "max_relative_loss_difference": float(np.max(np.abs(a - b) / np.abs(a))),
             "train_data_bytes": reports["two"]["train_data_bytes"],
+            # every process reads every length (2 bytes a sentence a side) to plan
+            "lengths_bytes": 4 * manifest["splits"]["train"]["examples"],
             "read_bytes_one_process": reports["one"]["train_data_read_bytes"],
             "read_bytes_two_processes": reports["two"]["train_data_read_bytes"]}
 
 
 def describe(result: dict) -> Report:
     sizes = result["sizes"]
-    prep = [[f"{s['pairs']:,}", f"{s['prepare']['seconds']['read']:.0f}",
+    prep = [[f"{s['pairs']:,}", s["prepare"]["workers"], f"{s['prepare']['seconds']['read']:.0f}",
              f"{s['prepare']['seconds']['tokenizer']:.0f}",
              f"{s['prepare']['seconds']['encode']:.0f}", f"{s['prepare']['seconds']['total']:.0f}",
              f"{s['prepare']['pairs_per_s']:,}",
@@ -194,28 +198,30 @@ def describe(result: dict) -> Report:
     start = [[f"{s['pairs']:,}", s["cold"]["to_step_1_seconds"], s["warm"]["to_loop_seconds"],
               s["warm"]["to_step_1_seconds"], s["warm"]["rss_mib"], s["warm"]["peak_rss_mib"],
               s["warm"]["rss_mib"] - sizes[0]["warm"]["rss_mib"]] for s in sizes]
-    tables = [Table(("pairs", "read (s)", "tokenizer (s)", "encode (s)", "total (s)",
+    tables = [Table(("pairs", "workers", "read (s)", "tokenizer (s)", "encode (s)", "total (s)",
                      "pairs/s", "encode pairs/s per worker", "SentencePiece alone, pairs/s "
                      "on one core", "peak RSS (MiB)", "peak RSS of a worker (MiB)",
-                     "directory (MiB)"), prep, align="r" * 11),
+                     "directory (MiB)"), prep, align="r" * 12),
               Table(("pairs", "to step 1, cold cache (s)", "to the loop, warm cache (s)",
                      "to step 1, warm cache (s)", "RSS at the loop (MiB)",
                      "peak RSS before it (MiB)", f"RSS over {sizes[0]['pairs']:,} pairs (MiB)"),
                     start, align="r" * 7)]
     notes = ["Preparing (`jaxformer-prepare`, one encoding worker a core) and starting "
              "`train.py --data DIR` on the EN->FR corpus repeated to each size. The "
-             "tokenizer trains on at most 1,000,000 pairs; SentencePiece alone is its "
+             "tokenizer trains on at most 250,000 pairs; SentencePiece alone is its "
              "`encode` on one core over the first 100,000 pairs, the ceiling of a worker."]
     if result.get("distributed"):
         d = result["distributed"]
-        whole = d["train_data_bytes"]
-        rows = [["1 process x 4 devices", 0, f"{d['read_bytes_one_process'][0]:,}",
-                 f"{d['read_bytes_one_process'][0] / whole:.2%}", "-"]]
-        rows += [["2 processes x 2 devices", p, f"{n:,}", f"{n / whole:.2%}",
-                  f"{n / d['read_bytes_one_process'][0]:.0%}"]
-                 for p, n in enumerate(d["read_bytes_two_processes"])]
+        whole, lengths = d["train_data_bytes"], d["lengths_bytes"]
+        alone = d["read_bytes_one_process"][0] - lengths
+        rows = [[run, p, f"{n:,}", f"{n / whole:.2%}", f"{n - lengths:,}",
+                 f"{(n - lengths) / alone:.0%}"]
+                for run, reads in (("1 process x 4 devices", d["read_bytes_one_process"]),
+                                   ("2 processes x 2 devices", d["read_bytes_two_processes"]))
+                for p, n in enumerate(reads)]
         tables.append(Table(("run", "process", "bytes read", "of the training split",
-                             "of the 1-process run's"), rows, align="lrrrr"))
+                             "of them, sentences gathered", "of the 1-process run's gathers"),
+                            rows, align="lrrrrr"))
         notes.append(f"{d['steps']} steps on {result['args']['distributed_size']:,} pairs "
                      f"(training split {whole / MIB:,.0f} MiB): the largest relative "
                      f"difference of the two topologies' losses is "

@@ -22,12 +22,15 @@ from transformer_core.tokenizer import UNK_ID, CheckpointTokenizer, Tokenizer
 
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
+# Examples a tokenizer trains on, at most: SentencePiece holds every sentence it trains
+# on, about 5.4 KiB a pair (250,000 pairs: 1.4 GiB; 1M would take 5.4 GiB).
+TOKENIZER_SAMPLE = 250_000
 UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (encode_worker.py)
 
 
 def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,
                     vocab_size: int = 8000, model_type: str = "unigram",
-                    max_pairs: int = 1_000_000, seed: int = 0) -> Tokenizer:
+                    max_pairs: int = TOKENIZER_SAMPLE, seed: int = 0) -> Tokenizer:
     """Train one SentencePiece vocabulary on both sides of sentence pairs (or on lines
     of text); save to `model_path`.
 

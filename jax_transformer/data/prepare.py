@@ -49,14 +49,13 @@ from tqdm import tqdm
 
 from jax_transformer.data import encode_worker
 from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
-from jax_transformer.data.encoding import UNKNOWN_SHARE, TOO_MANY_TOKENS
+from jax_transformer.data.encoding import TOKENIZER_SAMPLE, TOO_MANY_TOKENS, UNKNOWN_SHARE
 from jax_transformer.data.prepared import FORMAT, MANIFEST, SPLITS, Prepared, file_sha256
 from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint, ids_dtype
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.tokenizer import UNK_ID, Tokenizer
 
 READ_CHUNK = 10_000  # examples written to the raw stores at a time
-TOKENIZER_SAMPLE = 1_000_000  # examples the tokenizer trains on, at most
 PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
 MOSTLY_UNKNOWN = 0.5  # a split with more than this share of many-<unk> examples is refused
 Log = Callable[[str], None]
@@ -320,7 +319,7 @@ def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: in
                   unknown_ids: tuple[int, int], dtype: np.dtype, unit: str, say: Log,
                   progress: bool, workers: int) -> dict:
     """Encode one split into tmp/SPLIT.*, in parts; its manifest entry."""
-    count = len(texts)
+    began, count = time.monotonic(), len(texts)
     parts = max(1, min(workers, count // PART_EXAMPLES))
     if not isinstance(tokenizer, Tokenizer):  # a checkpoint's: encoded here, pair by pair
         parts = 1
@@ -366,8 +365,11 @@ def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: in
         say(line)
     src, tgt = (TokenStore.open(tmp, f"{split}.{side}", dtype) if side in texts.stores
                 else None for side in ("src", "tgt"))
+    encoded = time.monotonic()
     return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
-            "many_unknown": many_unknown}
+            "many_unknown": many_unknown, "read": count, "parts": parts,
+            "encode_seconds": round(encoded - began, 2),
+            "fingerprint_seconds": round(time.monotonic() - encoded, 2)}
 
 
 def _replace_directory(new: Path, output: Path) -> None:
