@@ -192,7 +192,7 @@ def describe(result: dict) -> Report:
              f"{s['prepare']['seconds']['encode']:.0f}", f"{s['prepare']['seconds']['total']:.0f}",
              f"{s['prepare']['pairs_per_s']:,}",
              f"{s['prepare']['encode_pairs_per_s_per_worker']:,}",
-             f"{s['sentencepiece_pairs_per_s']:,}", s["prepare"]["peak_rss_mib"],
+             f"{s['sentencepiece_pairs_per_s']:,}", f"{s['prepare']['peak_rss_mib']:,}",
              s["prepare"]["peak_worker_rss_mib"], f"{s['prepare']['directory_mib']:,}"]
             for s in sizes]
     start = [[f"{s['pairs']:,}", s["cold"]["to_step_1_seconds"], s["warm"]["to_loop_seconds"],

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import (bench_compile, bench_corpus, bench_decode, bench_serve, bench_train, race,
-                        report, step_variants)
+from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_serve,
+                        bench_train, race, report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +212,28 @@ def step_variants_result() -> dict:
             "versions": {"jax": "0.10.2"}}
 
 
+def data_result() -> dict:
+    def size(pairs, rss, tokenizer_seconds):
+        return {"pairs": pairs, "prepare": {
+                    "seconds": {"read": 1.25, "tokenizer": tokenizer_seconds, "encode": 7.5,
+                                "total": 21.0}, "workers": 2, "pairs": pairs,
+                    "pairs_per_s": 4321, "encode_pairs_per_s_per_worker": 45678,
+                    "peak_rss_mib": 1555, "peak_worker_rss_mib": 234, "directory_mib": 987},
+                "sentencepiece_pairs_per_s": 55123,
+                "cold": {"to_loop_seconds": 19.5, "to_step_1_seconds": 22.25, "rss_mib": 823,
+                         "peak_rss_mib": 823},
+                "warm": {"to_loop_seconds": 5.75, "to_step_1_seconds": 7.75, "rss_mib": rss,
+                         "peak_rss_mib": rss + 11}}
+    return {"args": {"sizes": [28800, 10_000_000], "distributed_size": 10_000_000, "steps": 5},
+            "sizes": [size(28800, 802, 4.5), size(10_000_000, 901, 19.25)],
+            "distributed": {"steps": 5, "max_relative_loss_difference": 3.2e-8,
+                            "train_data_bytes": 1_000_000, "lengths_bytes": 40_000,
+                            "read_bytes_one_process": [140_000],
+                            "read_bytes_two_processes": [90_000, 91_000]},
+            "host": {"platform": "Linux-test", "processor": "AMD EPYC", "cpus": 2},
+            "versions": {"jax": "0.10.2", "sentencepiece": "0.2.3"}}
+
+
 def serve_result() -> dict:
     return {"checkpoint": "runs/bible/export", "src_path": "test.en", "ref_path": "test.fr",
             "sentences": 300, "batch_size": 32, "beam": 4, "max_len": 128, "rounds": 3,
@@ -257,6 +279,13 @@ PAGES = {
         "-0.24", "+0.25", "runs/bible/export", "test.fr", "300", "ctranslate2", "4.8.5"), (
         "load average 5.2 at the start, 6.8 at the end", "d_model 256", "3+3 layers",
         "vocabulary 8000")),
+    "bench_data": (bench_data, data_result, (
+        "28,800", "10,000,000", "2", "1", "4", "19", "8", "21", "4,321", "45,678", "55,123",
+        "1,555", "234", "987", "22.25", "5.75", "7.75", "802", "813", "901", "99",
+        "1 process x 4 devices", "2 processes x 2 devices", "140,000", "14.00%", "100,000",
+        "100%", "91,000", "51,000", "51%", "sentencepiece", "0.2.3"), (
+        "largest relative difference of the two topologies' losses is 3.2e-08",
+        "AMD EPYC", "10,000,000 pairs")),
     "step_variants": (step_variants, step_variants_result, (
         "one device", "two devices", "JAX_NUM_CPU_DEVICES=2", "1.344", "1.180", "0.88x",
         "rounds", "5", "train_flags", "--max-tokens 4096", "jax", "0.10.2"), ("Intel Xeon",)),
@@ -323,6 +352,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
     """benchmarks/results/*.md come from their JSON by the script that wrote it, not by
     hand: after a change to a renderer, render them again with --render-only."""
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
+              "data": bench_data,
               "race": race, "compile": bench_compile, "serve": bench_serve,
               "step": step_variants}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),

@@ -36,6 +36,7 @@ from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
 
 CHUNK = 10_000  # examples encoded and written at a time
+GATHER = 1_000  # raw texts read from one map of their store
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 
@@ -95,10 +96,16 @@ def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: No
 
 
 def texts_of(store: TokenStore, rows: np.ndarray) -> list[str]:
-    """The UTF-8 texts of a raw store's `rows`."""
-    data = store.gather(rows).tobytes()
-    ends = np.cumsum(store.lengths[rows].astype(np.int64)).tolist()
-    return [data[a:b].decode("utf-8") for a, b in zip([0] + ends[:-1], ends)]
+    """The UTF-8 texts of a raw store's `rows`, GATHER rows a map: each page the kernel
+    faults in brings its neighbours (64 KiB) into the process's resident set while the
+    store is mapped, so a few thousand random rows at a time keep that small."""
+    texts = []
+    for first in range(0, len(rows), GATHER):
+        some = rows[first:first + GATHER]
+        data = store.gather(some).tobytes()
+        ends = np.cumsum(store.lengths[some].astype(np.int64)).tolist()
+        texts += [data[a:b].decode("utf-8") for a, b in zip([0] + ends[:-1], ends)]
+    return texts
 
 
 def _encode(tokenizer, texts: list[list[str]], first_number: int) -> list[list[list[int]]]:
@@ -119,19 +126,21 @@ def _encode(tokenizer, texts: list[list[str]], first_number: int) -> list[list[l
 # --- in the preparing process --------------------------------------------------------------
 
 def run(jobs: list[Job], bar: tqdm) -> None:
-    """One encode_worker process a job; the bar follows the lengths they have written."""
+    """One encode_worker process a job; the bar follows the lengths they have written. A
+    worker that fails stops the others (RuntimeError with its stderr's end)."""
     procs = []
     for job in jobs:
         Path(f"{job.output}.job.json").write_text(json.dumps(dataclasses.asdict(job)))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "jax_transformer.data.encode_worker",
-             f"{job.output}.job.json"], stderr=subprocess.PIPE, text=True,
-            preexec_fn=_die_with_parent))
+        with open(f"{job.output}.err", "w") as err:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "jax_transformer.data.encode_worker",
+                 f"{job.output}.job.json"], stderr=err, preexec_fn=_die_with_parent))
     try:
-        while any(p.poll() is None for p in procs):
+        codes = [None]
+        while None in codes and not any(codes):  # some still run, none has failed
             time.sleep(0.5)
-            written = sum(_examples_written(job) for job in jobs)
-            bar.update(written - bar.n)
+            bar.update(sum(_examples_written(job) for job in jobs) - bar.n)
+            codes = [p.poll() for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -139,8 +148,9 @@ def run(jobs: list[Job], bar: tqdm) -> None:
             p.wait()
     for job, p in zip(jobs, procs):
         if p.returncode:
+            error = Path(f"{job.output}.err").read_text().strip()[-2000:]
             raise RuntimeError(f"encoding examples {job.start}-{job.stop} of the {job.split} "
-                               f"split failed (exit {p.returncode}): {p.stderr.read().strip()}")
+                               f"split failed (exit {p.returncode}): {error}")
     bar.update(bar.total - bar.n)
 
 

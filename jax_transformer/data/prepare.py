@@ -3,23 +3,14 @@
     prepare(DIR, corpus, encoding)   read the text once (streaming), hold out dev and
                                      test, train the tokenizer on a sample, encode every
                                      split on every core, write DIR whole or not at all
-    Prepared(DIR)                    a prepared directory: its stores, texts and manifest
-
-DIR holds:
-
-    manifest.json              what it was prepared from (`key`, the files' sizes and
-                               SHA-256), each split's size and fingerprint, the log lines
-    tokenizer.model            the SentencePiece vocabulary (ours: trained here or given)
-    SPLIT.src.*, SPLIT.tgt.*   each split's piece ids (store.py), pieces only: batches add
-                               eos/bos. A language model's lines are SPLIT.tgt alone
-    dev.json, test.json        the held-out examples as text, to decode and score
+                                     (its files: prepared.py, which reads it back)
 
 The pipeline (fairseq-preprocess's, with train.py's own splitting and bad-data policy):
 
     1. read: the corpus is read once, line by line, into raw UTF-8 stores in DIR's
        temporary twin (the bad-data policy of corpora.py, with its line numbers)
-    2. split: a user's corpus is shuffled by the seed and dev/test held out, exactly as
-       corpora.holdout_split does; the built-in corpora come split
+    2. split: a user's corpus is shuffled by the encoding's seed and dev/test held out,
+       exactly as corpora.holdout_split does; the built-in corpora come split
     3. tokenizer: trained on the training split (a sample of TOKENIZER_SAMPLE examples of
        a larger one), its sentences streamed from the raw store, as encoding.train_tokenizer
     4. encode: each split in parts, one process a part (encode_worker.py), pieces over
@@ -89,7 +80,7 @@ class Corpus:
     `held_out(available, given)` -> (dev, test) examples to hold out of the `available`
     usable training examples (none for a split in `given`); None: the splits are given
     whole (the built-in corpora), in their order. `settings` are what identify the corpus
-    and its encoding besides the files' contents (flags, seed), recorded in the key."""
+    besides the files' contents (train.py's data flags), recorded in the key."""
     unit: str  # "pairs" (translation) or "lines" (a language model)
     train: Source
     settings: dict
@@ -111,7 +102,8 @@ class Corpus:
 class Encoding:
     """How to encode: SentencePiece settings for a tokenizer trained here, or the
     `tokenizer` to use (ours, a resumed run's, or a checkpoint's with its `tokenizer_id`),
-    and the longest example in tokens with its eos or bos."""
+    and the longest example in tokens with its eos or bos. `seed` holds out dev and test
+    and samples the tokenizer's training examples."""
     max_len: int
     seed: int = 0
     vocab_size: int = 8000
@@ -141,8 +133,9 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
-                  *output.parent.glob(f"{output.name}.old-*")]:  # an interrupted preparation's
-        shutil.rmtree(stale, ignore_errors=True)
+                  *output.parent.glob(f"{output.name}.old-*")]:
+        if not _running(stale.name.rsplit("-", 1)[1]):  # an interrupted preparation's
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
     tmp.mkdir()
     try:
@@ -153,6 +146,17 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(output)
+
+
+def _running(pid: str) -> bool:
+    """Whether process `pid` (of this machine) is alive."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # someone else's
+        return True
+    return True
 
 
 def stopped_preparing(directory) -> str:
@@ -177,7 +181,7 @@ def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: 
 
     files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
               "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
-    raw = _read_splits(tmp / "raw", corpus, say, progress)
+    raw = _read_splits(tmp / "raw", corpus, encoding.seed, say, progress)
     files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in files]
     stage("read", started)
     began = time.monotonic()
@@ -234,7 +238,7 @@ class RawSplit:
                              for store in self.stores.values()))
 
 
-def _read_splits(directory: Path, corpus: Corpus, say: Log, progress: bool
+def _read_splits(directory: Path, corpus: Corpus, seed: int, say: Log, progress: bool
                  ) -> dict[str, RawSplit]:
     directory.mkdir()
     stores = {}
@@ -251,7 +255,7 @@ def _read_splits(directory: Path, corpus: Corpus, say: Log, progress: bool
     available = len(train["tgt"])
     num_dev, num_test = corpus.held_out(available, tuple(s for s in stores if s != "train"))
     # corpora.holdout_split's order: test, dev, then the rest for training.
-    order = np.random.default_rng(corpus.settings["seed"]).permutation(available)
+    order = np.random.default_rng(seed).permutation(available)
     splits = {"test": RawSplit("train", train, order[:num_test]),
               "dev": RawSplit("train", train, order[num_test:num_test + num_dev]),
               "train": RawSplit("train", train, order[num_test + num_dev:])}

@@ -26,7 +26,7 @@ def corpus(data: DataSettings, seed: int) -> Corpus:
 def translation_corpus(data: DataSettings, seed: int) -> Corpus:
     """The sentence pairs to prepare: the built-in number corpus, or the user's files
     with dev/test held out unless given."""
-    settings = data.preparation(seed)
+    settings = data.preparation()
     if data.builtin:
         splits = functools.cache(lambda: corpora.number_corpus(
             data.src_lang, data.tgt_lang, num_train=data.num_train, num_dev=data.num_dev,
@@ -60,7 +60,7 @@ def translation_corpus(data: DataSettings, seed: int) -> Corpus:
 def text_corpus(data: DataSettings, seed: int) -> Corpus:
     """The lines to prepare: the built-in counting text (in --src-lang), or --text-path
     with --num-dev and --num-test lines held out."""
-    settings = data.preparation(seed)
+    settings = data.preparation()
     if data.builtin:
         splits = functools.cache(lambda: corpora.counting_text(
             data.src_lang, num_train=data.num_train, num_dev=data.num_dev,

@@ -155,9 +155,9 @@ class DataSettings:
     def builtin(self) -> bool:
         return not (self.src_path or self.columns_path or self.text_path)
 
-    def preparation(self, seed: int) -> dict:
-        """What a prepared corpus's key records: PREPARED_FIELDS, and the held-out seed."""
-        return {**{name: getattr(self, name) for name in PREPARED_FIELDS}, "seed": seed}
+    def preparation(self) -> dict:
+        """What a prepared corpus's key records of these settings: PREPARED_FIELDS."""
+        return {name: getattr(self, name) for name in PREPARED_FIELDS}
 
     def held_out(self, available: int, source: str, unit: str,
                  given: tuple[str, ...] = ()) -> tuple[int, int]:

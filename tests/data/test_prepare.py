@@ -10,8 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
-from jax_transformer.data import corpora, packing, prepare as prepare_module
+from jax_transformer.data import corpora, encode_worker, packing, prepare as prepare_module
 from jax_transformer.data.corpora import CorpusError, CorpusReport
 from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, encode_pairs, \
     train_tokenizer
@@ -37,14 +38,14 @@ def write_parallel(tmp_path, count: int, seed: int = 0, long_every: int = 0):
     return src, tgt
 
 
-def parallel_corpus(src, tgt, num_dev=30, num_test=40, seed=0, **given_splits):
+def parallel_corpus(src, tgt, num_dev=30, num_test=40, **given_splits):
     report = CorpusReport(f"{src} | {tgt}")
     sources = {split: Source(lambda r, s=s, t=t: corpora.parallel_text(s, t, r),
                              CorpusReport(f"{s} | {t}"), files=(str(s), str(t)))
                for split, (s, t) in given_splits.items()}
     return Corpus("pairs", train=Source(lambda r: corpora.parallel_text(src, tgt, r), report,
                                         files=(str(src), str(tgt))),
-                  settings={"seed": seed, "files": [str(src), str(tgt)]}, **sources,
+                  settings={"files": [str(src), str(tgt)]}, **sources,
                   held_out=lambda available, files_given: (
                       0 if "dev" in files_given else num_dev,
                       0 if "test" in files_given else num_test))
@@ -231,6 +232,16 @@ def test_a_changed_corpus_file_is_detected(tmp_path):
     assert prepared.changed_files() == [str(src.resolve())]  # same size, other bytes
     src.unlink()  # a prepared directory is used without its corpus
     assert prepared.changed_files() == []
+
+
+def test_a_failing_worker_stops_the_others_and_says_why(tmp_path):
+    jobs = [encode_worker.Job(raw=str(tmp_path), split="train", store="train", start=0,
+                              stop=10, output=str(tmp_path / f"part{k}"), sides=["tgt"],
+                              max_len=8, unknown_ids=[1], dtype="uint16",
+                              tokenizer=str(tmp_path / "missing.model")) for k in range(2)]
+    with pytest.raises(RuntimeError, match=r"(?s)encoding examples 0-10 of the train split failed "
+                                           r"\(exit 1\): .*missing.model"):
+        encode_worker.run(jobs, tqdm(disable=True))
 
 
 @pytest.mark.slow  # a subprocess, killed
