@@ -101,9 +101,7 @@ def prepare(src: Path, tgt: Path, directory: Path) -> dict:
     return {"command_seconds": round(time.monotonic() - began, 1), "seconds": seconds,
             "workers": train["parts"], "pairs": pairs,
             "pairs_per_s": round(pairs / seconds["total"]),
-            "encode_pairs_per_s_per_worker": round(train["read"] / train["encode_seconds"] /
-                                                   train["parts"]),
-            "train_fingerprint_seconds": train["fingerprint_seconds"],
+            "encode_pairs_per_s_per_worker": round(train["read"] / train["encode_seconds"]),
             "peak_rss_mib": round(usage["RUSAGE_SELF"] / 1024),
             "peak_worker_rss_mib": round(usage["RUSAGE_CHILDREN"] / 1024),
             "directory_mib": round(sum(p.stat().st_size for p in directory.iterdir()) / MIB),

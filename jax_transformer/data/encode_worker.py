@@ -5,8 +5,8 @@ core) and `join_parts` joins their stores in order.
 It reads examples start..stop of the split from the raw stores (the split's order is
 RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs would (our tokenizer a
 chunk of texts a call; a checkpoint's pair by pair), drops those over max_len, and
-writes OUTPUT.SIDE.* (store.py) and OUTPUT.json: how many it kept, how many were too
-long (and the first, counted from `start`), how many are mostly <unk>. A process
+writes OUTPUT.SIDE.* (store.py) and, last, OUTPUT.json: how many it kept, how many were
+too long (and the first, counted from `start`), how many are mostly <unk>, its seconds. A process
 of its own, not a thread or a fork: the Python work (decoding, numpy) runs on every
 core, and the parent's threads (JAX's) are not copied.
 """
@@ -57,7 +57,7 @@ class Job:
 
 def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: None) -> None:
     """Encode the job's examples with `tokenizer` (ours, or a checkpoint's)."""
-    raw = Path(job.raw)
+    began, raw = time.monotonic(), Path(job.raw)
     index = np.load(raw / f"{job.split}.index.npy", mmap_mode="r")[job.start:job.stop]
     stores = [TokenStore.open(raw, f"{job.store}.{side}", np.uint8) for side in job.sides]
     writers = [StoreWriter(Path(job.output).parent, f"{Path(job.output).name}.{side}",
@@ -91,8 +91,9 @@ def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: No
     for writer in writers:
         writer.close()
     Path(f"{job.output}.json").write_text(json.dumps(
-        {"kept": kept, "too_long": too_long, "first_too_long": first_too_long,
-         "many_unknown": many_unknown}))
+        {"start": job.start, "output": job.output, "kept": kept, "too_long": too_long,
+         "first_too_long": first_too_long, "many_unknown": many_unknown,
+         "seconds": round(time.monotonic() - began, 2)}))
 
 
 def texts_of(store: TokenStore, rows: np.ndarray) -> list[str]:
@@ -130,11 +131,11 @@ def run(jobs: list[Job], bar: tqdm) -> None:
     worker that fails stops the others (RuntimeError with its stderr's end)."""
     procs = []
     for job in jobs:
-        Path(f"{job.output}.job.json").write_text(json.dumps(dataclasses.asdict(job)))
+        Path(f"{job.output}.job").write_text(json.dumps(dataclasses.asdict(job)))
         with open(f"{job.output}.err", "w") as err:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "jax_transformer.data.encode_worker",
-                 f"{job.output}.job.json"], stderr=err, preexec_fn=_die_with_parent))
+                 f"{job.output}.job"], stderr=err, preexec_fn=_die_with_parent))
     try:
         codes = [None]
         while None in codes and not any(codes):  # some still run, none has failed

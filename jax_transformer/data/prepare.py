@@ -126,25 +126,47 @@ def key(corpus: Corpus, encoding: Encoding) -> dict:
                                           "type": encoding.tokenizer_type}}
 
 
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """This process's share of a preparation that several processes (hosts) make together
+    in one directory they all see: process `index` of `count`; `barrier(name)` returns
+    once every process has called it."""
+    index: int = 0
+    count: int = 1
+    barrier: Callable[[str], None] = lambda name: None
+
+
 def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
-            log: Log = print, progress: bool = True, workers: int | None = None) -> Prepared:
-    """Prepare `corpus` into directory `output` (replaced whole, at the end); returns it.
-    `workers`: processes that encode (default: the cores this process may use)."""
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
-                  *output.parent.glob(f"{output.name}.old-*")]:
-        if not _running(stale.name.rsplit("-", 1)[1]):  # an interrupted preparation's
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
-    tmp.mkdir()
+            log: Log = print, progress: bool = True, workers: int | None = None,
+            share: Share = Share()) -> Prepared | None:
+    """Prepare `corpus` into directory `output` (replaced whole, at the end); returns it
+    (on process 0 of a `share`d preparation; None on the others). `workers`: processes
+    that encode this process's part (default: the cores it may use). Shared, process 0
+    reads the corpus and trains the tokenizer, every process encodes its share of each
+    split, and process 0 joins the parts."""
+    output, primary = Path(output), share.index == 0
+    tmp = output.with_name(f"{output.name}.tmp-" + (str(os.getpid()) if share.count == 1
+                                                     else "shared"))
+    if primary:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
+                      *output.parent.glob(f"{output.name}.old-*")]:
+            if not _running(stale.name.rsplit("-", 1)[1]):  # an interrupted preparation's
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
     try:
-        manifest = _prepare(tmp, corpus, encoding, log, progress,
-                            workers or len(os.sched_getaffinity(0)))
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        stages = _Stages(tmp, corpus, encoding, log, progress)
+        if primary:
+            stages.read_and_plan()
+        share.barrier("corpus read")
+        stages.encode(share, workers or len(os.sched_getaffinity(0)))
+        if not primary:
+            return None
+        (tmp / MANIFEST).write_text(json.dumps(stages.manifest(), indent=1) + "\n")
         _replace_directory(tmp, output)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if primary:
+            shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(output)
 
 
@@ -165,55 +187,144 @@ def stopped_preparing(directory) -> str:
             "preparation removes its temporary twin); run the same command to prepare it")
 
 
-def _prepare(tmp: Path, corpus: Corpus, encoding: Encoding, log: Log, progress: bool,
-             workers: int) -> dict:
-    started = time.monotonic()
-    lines = []  # the log lines a run repeats when it uses the directory
+class _Stages:
+    """One preparation's stages, in its temporary directory `tmp`: read_and_plan (process
+    0: read, split, train the tokenizer; tmp/plan.json tells the others what to encode),
+    encode (every process its share of each split; process 0 joins and checks each split
+    once all have encoded it), manifest (process 0)."""
 
-    def say(line: str) -> None:
-        lines.append(line)
-        log(line)
+    def __init__(self, tmp: Path, corpus: Corpus, encoding: Encoding, log: Log,
+                 progress: bool):
+        self.tmp, self.corpus, self.encoding, self.log = tmp, corpus, encoding, log
+        self.progress, self.started = progress, time.monotonic()
+        self.lines = []  # the log lines a run repeats when it uses the directory
+        self.seconds = {}  # each stage's
 
-    seconds = {}  # each stage's
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+        self.log(line)
 
-    def stage(name: str, began: float) -> None:
-        seconds[name] = round(time.monotonic() - began, 2)
+    def stage(self, name: str, began: float) -> None:
+        self.seconds[name] = round(time.monotonic() - began, 2)
 
-    files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
-              "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
-    raw = _read_splits(tmp / "raw", corpus, encoding.seed, say, progress)
-    files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in files]
-    stage("read", started)
-    began = time.monotonic()
-    if encoding.tokenizer is None:
-        tokenizer = _train_tokenizer(tmp / TOKENIZER_FILE, raw["train"], encoding, say)
-        unknown_ids = (UNK_ID, UNK_ID)
-    else:
-        tokenizer, unknown_ids = encoding.tokenizer, encoding.unknown_ids
-        if isinstance(tokenizer, Tokenizer):
+    def read_and_plan(self) -> None:
+        corpus, encoding, tmp = self.corpus, self.encoding, self.tmp
+        self.files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
+                       "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
+        raw = _read_splits(tmp / "raw", corpus, encoding.seed, self.say, self.progress)
+        self.files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in self.files]
+        self.stage("read", self.started)
+        began = time.monotonic()
+        tokenizer = encoding.tokenizer
+        if tokenizer is None:
+            tokenizer = _train_tokenizer(tmp / TOKENIZER_FILE, raw["train"], encoding, self.say)
+        elif isinstance(tokenizer, Tokenizer):
             shutil.copyfile(tokenizer.path, tmp / TOKENIZER_FILE)
-    # A checkpoint's tokenizer (its language codes, two vocabularies) keeps int32 ids.
-    dtype = (ids_dtype(tokenizer.vocab_size) if isinstance(tokenizer, Tokenizer)
-             else np.dtype(np.int32))
-    stage("tokenizer", began)
-    began = time.monotonic()
-    splits = {}
-    for split in ("test", "dev", "train"):  # the small ones first: a refusal comes early
-        texts = raw[split]
-        if split != "train":
-            _write_examples(tmp / f"{split}.json", texts)
-        splits[split] = _encode_split(tmp, split, texts, tokenizer, encoding.max_len,
-                                      unknown_ids, dtype, corpus.unit, say, progress, workers)
-    shutil.rmtree(tmp / "raw")
-    stage("encode", began)
-    stage("total", started)
-    say(f"prepared in {seconds['total']:.1f} s: "
-        + ", ".join(f"{split} {s['examples']:,}" for split, s in splits.items()))
-    tokenizer_file = tmp / TOKENIZER_FILE
-    return {"format": FORMAT, "key": key(corpus, encoding), "files": files,
-            "tokenizer_sha256": file_sha256(tokenizer_file) if tokenizer_file.exists() else None,
-            "ids_dtype": dtype.name, "sides": list(corpus.sides), "splits": splits,
-            "seconds": seconds, "workers": workers, "log": lines}
+        # A checkpoint's tokenizer (its language codes, two vocabularies) keeps int32 ids.
+        dtype = (ids_dtype(tokenizer.vocab_size) if isinstance(tokenizer, Tokenizer)
+                 else np.dtype(np.int32))
+        self.stage("tokenizer", began)
+        for split, texts in raw.items():
+            np.save(tmp / "raw" / f"{split}.index.npy", texts.index)
+            if split != "train":
+                _write_examples(tmp / f"{split}.json", texts)
+        (tmp / "plan.json").write_text(json.dumps({
+            "dtype": dtype.name, "sides": list(corpus.sides),
+            "unknown_ids": list(encoding.unknown_ids if encoding.tokenizer is not None
+                                else (UNK_ID, UNK_ID)),
+            "splits": {split: {"store": texts.name, "count": len(texts)}
+                       for split, texts in raw.items()}}))
+
+    def encode(self, share: Share, workers: int) -> None:
+        """Each split, the small ones first (a refusal comes early): this process's share,
+        in parts (tmp/raw/SPLIT.pP.partK.*); then, on process 0, all parts joined."""
+        began, tmp = time.monotonic(), self.tmp
+        self.plan = plan = json.loads((tmp / "plan.json").read_text())
+        tokenizer = self.encoding.tokenizer or Tokenizer(tmp / TOKENIZER_FILE)
+        self.splits = {}
+        for split in ("test", "dev", "train"):
+            self._encode_share(split, tokenizer, share, workers)
+            share.barrier(f"corpus {split} encoded")
+            if share.index == 0:
+                self.splits[split] = self._join(split, np.dtype(plan["dtype"]))
+        self.stage("encode", began)
+
+    def _encode_share(self, split: str, tokenizer, share: Share, workers: int) -> None:
+        """Examples [count * i / n, count * (i + 1) / n) of the split, process i of n, in
+        parts of at least PART_EXAMPLES, one worker process a part (one part: here)."""
+        tmp, plan = self.tmp, self.plan
+        count = plan["splits"][split]["count"]
+        first, last = count * share.index // share.count, count * (share.index + 1) // share.count
+        parts = max(1, min(workers, (last - first) // PART_EXAMPLES))
+        if not isinstance(tokenizer, Tokenizer):  # a checkpoint's: here, pair by pair
+            parts = 1
+        bounds = [first + (last - first) * k // parts for k in range(parts + 1)]
+        jobs = [encode_worker.Job(
+            raw=str(tmp / "raw"), split=split, store=plan["splits"][split]["store"],
+            start=a, stop=b, output=str(tmp / "raw" / f"{split}.p{share.index}.part{k}"),
+            sides=plan["sides"], max_len=self.encoding.max_len,
+            unknown_ids=plan["unknown_ids"], dtype=plan["dtype"],
+            tokenizer=str(getattr(tokenizer, "path", "")))
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        bar = tqdm(total=last - first, desc=f"encode {split}", unit=" examples",
+                   disable=not self.progress, file=sys.stderr, dynamic_ncols=True,
+                   mininterval=1)
+        with bar:
+            if parts == 1:
+                encode_worker.encode(jobs[0], tokenizer, bar.update)
+            else:
+                encode_worker.run(jobs, bar)
+
+    def manifest(self) -> dict:
+        plan, splits = self.plan, self.splits
+        shutil.rmtree(self.tmp / "raw")
+        self.stage("total", self.started)
+        self.say(f"prepared in {self.seconds['total']:.1f} s: "
+                 + ", ".join(f"{split} {s['examples']:,}" for split, s in splits.items()))
+        tokenizer_file = self.tmp / TOKENIZER_FILE
+        return {"format": FORMAT, "key": key(self.corpus, self.encoding), "files": self.files,
+                "tokenizer_sha256": (file_sha256(tokenizer_file) if tokenizer_file.exists()
+                                     else None),
+                "ids_dtype": plan["dtype"], "sides": plan["sides"], "splits": splits,
+                "seconds": self.seconds, "log": self.lines}
+
+    def _join(self, split: str, dtype: np.dtype) -> dict:
+        """tmp/SPLIT.* from its parts (of every process, in order), checked: its manifest
+        entry."""
+        tmp, unit, max_len = self.tmp, self.corpus.unit, self.encoding.max_len
+        parts = sorted((json.loads(path.read_text()) for path in
+                        (tmp / "raw").glob(f"{split}.p*.part*.json")),
+                       key=lambda summary: summary["start"])
+        for side in self.plan["sides"]:
+            encode_worker.join_parts(tmp, f"{split}.{side}",
+                                     [f"{summary['output']}.{side}" for summary in parts], dtype)
+        kept, count = sum(s["kept"] for s in parts), self.plan["splits"][split]["count"]
+        report = CorpusReport(f"tokenized (max_len {max_len})", unit=unit, kept=kept)
+        for summary in parts:
+            if summary["too_long"]:
+                report.skipped[TOO_MANY_TOKENS] += summary["too_long"]
+                report.first_line.setdefault(TOO_MANY_TOKENS,
+                                             summary["start"] + summary["first_too_long"])
+        if not kept:
+            raise NoneFits(f"every {unit[:-1] if unit == 'pairs' else 'line'} of the {split} "
+                           f"split ({count}) is longer than max_len {max_len} tokens with its "
+                           f"{'eos or bos' if unit == 'pairs' else 'bos or eos'}")
+        if report.skipped:
+            self.say(f"{split}: {report}")
+        many_unknown = sum(s["many_unknown"] for s in parts)
+        if many_unknown:
+            line = (f"{split}: {many_unknown} of {kept} {unit} ({many_unknown / kept:.1%}) are "
+                    f"{UNKNOWN_SHARE:.0%} or more unknown pieces (<unk>) to the tokenizer")
+            if many_unknown > MOSTLY_UNKNOWN * kept:
+                raise CorpusError(f"{line}: is the text in the languages (and script) it was "
+                                  "made for? Fix the corpus, or use another checkpoint's "
+                                  "tokenizer")
+            self.say(line)
+        src, tgt = (TokenStore.open(tmp, f"{split}.{side}", dtype)
+                    if side in self.plan["sides"] else None for side in ("src", "tgt"))
+        return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
+                "many_unknown": many_unknown, "read": count, "parts": len(parts),
+                "encode_seconds": sum(s["seconds"] for s in parts)}
 
 
 # --- 1. read, 2. split ---------------------------------------------------------------------
@@ -311,70 +422,13 @@ def _train_tokenizer(path: Path, train: RawSplit, encoding: Encoding, say: Log) 
     tokenizer = Tokenizer.train((text for example in sample.texts() for text in example), path,
                                 vocab_size=encoding.vocab_size,
                                 model_type=encoding.tokenizer_type)
-    say(f"tokenizer: {tokenizer.vocab_size} pieces ({encoding.tokenizer_type}), trained on "
+    say(f"vocabulary: {tokenizer.vocab_size} pieces ({encoding.tokenizer_type}), trained on "
         f"{len(sample):,} {'examples' if len(sample) < len(train) else 'training examples'} "
         f"in {time.monotonic() - started:.1f} s")
     return tokenizer
 
 
 # --- 4. encode -----------------------------------------------------------------------------
-
-def _encode_split(tmp: Path, split: str, texts: RawSplit, tokenizer, max_len: int,
-                  unknown_ids: tuple[int, int], dtype: np.dtype, unit: str, say: Log,
-                  progress: bool, workers: int) -> dict:
-    """Encode one split into tmp/SPLIT.*, in parts; its manifest entry."""
-    began, count = time.monotonic(), len(texts)
-    parts = max(1, min(workers, count // PART_EXAMPLES))
-    if not isinstance(tokenizer, Tokenizer):  # a checkpoint's: encoded here, pair by pair
-        parts = 1
-    bounds = [count * k // parts for k in range(parts + 1)]
-    np.save(tmp / "raw" / f"{split}.index.npy", texts.index)
-    jobs = [encode_worker.Job(raw=str(tmp / "raw"), split=split, store=texts.name, start=a,
-                              stop=b,
-                              output=str(tmp / "raw" / f"{split}.part{k}"),
-                              sides=list(texts.stores), max_len=max_len,
-                              unknown_ids=list(unknown_ids), dtype=dtype.name,
-                              tokenizer=str(getattr(tokenizer, "path", "")))
-            for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-    bar = tqdm(total=count, desc=f"encode {split}", unit=" examples", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True, mininterval=1)
-    with bar:
-        if parts == 1:
-            encode_worker.encode(jobs[0], tokenizer, bar.update)
-        else:
-            encode_worker.run(jobs, bar)
-    summaries = [json.loads(Path(f"{job.output}.json").read_text()) for job in jobs]
-    for side in texts.stores:
-        encode_worker.join_parts(tmp, f"{split}.{side}", [f"{job.output}.{side}" for job in jobs],
-                                 dtype)
-    kept = sum(s["kept"] for s in summaries)
-    report = CorpusReport(f"tokenized (max_len {max_len})", unit=unit, kept=kept)
-    for job, summary in zip(jobs, summaries):
-        if summary["too_long"]:
-            report.skipped[TOO_MANY_TOKENS] += summary["too_long"]
-            report.first_line.setdefault(TOO_MANY_TOKENS, job.start + summary["first_too_long"])
-    if not kept:
-        raise NoneFits(f"every {unit[:-1] if unit == 'pairs' else 'line'} of the {split} split "
-                       f"({count}) is longer than max_len {max_len} tokens with its "
-                       f"{'eos or bos' if unit == 'pairs' else 'bos or eos'}")
-    if report.skipped:
-        say(f"{split}: {report}")
-    many_unknown = sum(s["many_unknown"] for s in summaries)
-    if many_unknown:
-        line = (f"{split}: {many_unknown} of {kept} {unit} ({many_unknown / kept:.1%}) are "
-                f"{UNKNOWN_SHARE:.0%} or more unknown pieces (<unk>) to the tokenizer")
-        if many_unknown > MOSTLY_UNKNOWN * kept:
-            raise CorpusError(f"{line}: is the text in the languages (and script) it was made "
-                              "for? Fix the corpus, or use another checkpoint's tokenizer")
-        say(line)
-    src, tgt = (TokenStore.open(tmp, f"{split}.{side}", dtype) if side in texts.stores
-                else None for side in ("src", "tgt"))
-    encoded = time.monotonic()
-    return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
-            "many_unknown": many_unknown, "read": count, "parts": parts,
-            "encode_seconds": round(encoded - began, 2),
-            "fingerprint_seconds": round(time.monotonic() - encoded, 2)}
-
 
 def _replace_directory(new: Path, output: Path) -> None:
     """Put directory `new` in `output`'s place: a reader sees the old one whole, or the new

@@ -25,8 +25,8 @@ from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import unknown_id
 from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
 from jax_transformer.data.rows import fitting_row_shape, positions_needed
-from jax_transformer.data.prepare import (Encoding, NoneFits, Prepared, file_sha256, key, prepare,
-                                          stopped_preparing)
+from jax_transformer.data.prepare import (Encoding, NoneFits, Prepared, Share, file_sha256, key,
+                                          prepare, stopped_preparing)
 from jax_transformer.train import corpus as train_corpus, peers
 from jax_transformer.train.settings import DataSettings, RunSettings, TrainError
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
@@ -44,9 +44,9 @@ def log(message: str) -> None:
 def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
                     resumed_step: int | None, primary: bool) -> Prepared:
     """The run's prepared corpus: --data DIR (refused when a corpus file it was prepared
-    from is here and changed), or WORKDIR/data, prepared by process 0 unless it is the
-    preparation of this corpus with this tokenizer and these settings already; the
-    other processes wait for it. A resumed run (from checkpoint `resumed_step`) whose
+    from is here and changed), or WORKDIR/data, prepared unless it is the preparation of
+    this corpus with this tokenizer and these settings already (process 0 reads the
+    corpus; every process encodes its share). A resumed run (from checkpoint `resumed_step`) whose
     corpus changed since it prepared it is refused before anything is prepared again.
     `init`: a fine-tuning run's finetune.InitDir."""
     data = settings.data
@@ -60,9 +60,10 @@ def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint
         _log_prepared(prepared)
         return prepared
     directory = workdir / DATA_DIR
+    corpus = train_corpus.corpus(data, settings.train.seed)
+    encoding = _encoding(workdir, settings, init, init_fingerprint, resumed_step is not None)
+    decision = "prepare"
     if primary:
-        corpus = train_corpus.corpus(data, settings.train.seed)
-        encoding = _encoding(workdir, settings, init, init_fingerprint, resumed_step is not None)
         existing = _whole_or_none(directory)
         changed = existing.changed_files() if existing is not None else []
         if changed and resumed_step is not None:
@@ -72,16 +73,20 @@ def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint
                              "Restore it, or use a new --workdir")
         if existing is not None and existing.is_preparation_of(key(corpus, encoding)):
             _log_prepared(existing)
+            decision = "prepared"
         else:
             log(f"data: preparing {directory}")
-            try:
-                with signals.signal_handlers(signals.exit_at_once(stopped_preparing(directory))):
-                    prepare(directory, corpus, encoding, log=log,
-                            progress=not settings.train.quiet)
-            except NoneFits as e:  # the split is named, and the flag
-                raise TrainError(f"{e}; raise --max-len") from None
-            except TokenizerError as e:
-                raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
+    # Process 0 decides; every process of a --distributed run encodes its share.
+    if peers.gather("corpus prepared?", decision)[0] != "prepared":
+        share = Share(jax.process_index(), jax.process_count(), peers.barrier)
+        try:
+            with signals.signal_handlers(signals.exit_at_once(stopped_preparing(directory))):
+                prepare(directory, corpus, encoding, log=log, share=share,
+                        progress=primary and not settings.train.quiet)
+        except NoneFits as e:  # the split is named, and the flag
+            raise TrainError(f"{e}; raise --max-len") from None
+        except TokenizerError as e:
+            raise TrainError(f"--vocab-size {data.vocab_size}: {e}") from None
     peers.barrier("corpus prepared")
     return Prepared(directory)
 

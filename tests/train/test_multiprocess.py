@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from num2words import num2words
 
+from jax_transformer.commands import prepare as prepare_command
 from tests.train.runs import REPO_ROOT, TINY, losses
 
 pytestmark = pytest.mark.slow  # several train.py processes per test
@@ -136,6 +137,10 @@ def test_two_processes_train_as_one_process_on_four_devices(runs):
     assert not list(two.glob(".*tmp*")) and not list(two.glob("*.tmp"))
     output = runs["two_stderr"]
     assert output.count("tokenizer: ") == 1 and output.count("exported ") == 1
+    # Process 0 read the corpus once; each process encoded its share of every split.
+    manifest = json.loads((two / "data" / "manifest.json").read_text())
+    assert {entry["parts"] for entry in manifest["splits"].values()} == {2}
+    assert output.count("data: preparing") == 1
 
 
 def test_sigterm_to_one_process_stops_both_after_the_same_step(runs, tmp_path):
@@ -201,17 +206,23 @@ def test_a_time_budget_spent_on_one_process_stops_both(runs, tmp_path):
 
 
 def test_an_error_in_one_process_ends_both_and_is_shown_once(tmp_path):
-    """Each process reads its own copy of the corpus (as hosts do), and process 1's is
-    missing."""
+    """Each process reads its own copy of a prepared corpus (as hosts may), and the
+    corpus file of process 1's copy changed since it was prepared."""
     for process in (0, 1):
-        (tmp_path / str(process)).mkdir()
-    for lang, path in (("en", "train.en"), ("de", "train.de")):
-        (tmp_path / "0" / path).write_text("".join(f"{num2words(n, lang=lang)}\n"
-                                                   for n in range(1, 400)))
+        folder = tmp_path / str(process)
+        folder.mkdir()
+        for lang, path in (("en", "train.en"), ("de", "train.de")):
+            (folder / path).write_text("".join(f"{num2words(n, lang=lang)}\n"
+                                               for n in range(1, 400)))
+        assert prepare_command.main([
+            "--output", str(folder / "prepared"), *FLAGS[:FLAGS.index("--d-model")],
+            "--num-train", "600", "--src-path", str(folder / "train.en"), "--tgt-path",
+            str(folder / "train.de"), "--quiet"]) == 0
+    with (tmp_path / "1" / "train.en").open("a") as f:
+        f.write("four hundred\n")
     workdir = tmp_path / "run"
     started = time.time()
-    launch = Launch(workdir, "--src-path", str(tmp_path / "{process}" / "train.en"),
-                    "--tgt-path", str(tmp_path / "{process}" / "train.de"))
+    launch = Launch(workdir, "--data", str(tmp_path / "{process}" / "prepared"))
     assert launch.finish() == 2, launch.stderr
     assert time.time() - started < 120
     errors = [line for line in launch.stderr.splitlines() if "/1/train.en" in line]
