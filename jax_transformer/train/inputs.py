@@ -41,14 +41,16 @@ def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
 
-def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
-                    resumed_step: int | None, primary: bool) -> Prepared:
+def prepared_corpus(workdir: Path, settings: RunSettings, resumed_step: int | None,
+                    primary: bool, checkpoint_tokenizer=None, checkpoint_id: str | None = None
+                    ) -> Prepared:
     """The run's prepared corpus: --data DIR (refused when a corpus file it was prepared
     from is here and changed), or WORKDIR/data, prepared unless it is the preparation of
     this corpus with this tokenizer and these settings already (process 0 reads the
-    corpus; every process encodes its share). A resumed run (from checkpoint `resumed_step`) whose
-    corpus changed since it prepared it is refused before anything is prepared again.
-    `init`: a fine-tuning run's finetune.InitDir."""
+    corpus; every process encodes its share). A resumed run (from checkpoint
+    `resumed_step`) whose corpus changed since it prepared it is refused before anything
+    is prepared again. A fine-tuning run encodes with its `checkpoint_tokenizer`, language
+    codes set, which `checkpoint_id` identifies."""
     data = settings.data
     if data.data:
         prepared = Prepared(data.data)
@@ -61,7 +63,8 @@ def prepared_corpus(workdir: Path, settings: RunSettings, init, init_fingerprint
         return prepared
     directory = workdir / DATA_DIR
     corpus = train_corpus.corpus(data, settings.train.seed)
-    encoding = _encoding(workdir, settings, init, init_fingerprint, resumed_step is not None)
+    encoding = _encoding(workdir, settings, resumed_step is not None, checkpoint_tokenizer,
+                         checkpoint_id)
     decision = "prepare"
     if primary:
         existing = _whole_or_none(directory)
@@ -104,18 +107,18 @@ def _whole_or_none(directory: Path) -> Prepared | None:
         return None
 
 
-def _encoding(workdir: Path, settings: RunSettings, init, init_fingerprint: str | None,
-              resuming: bool) -> Encoding:
-    """How the run encodes: with a fine-tuned checkpoint's tokenizer (and its language
-    codes), a resumed run's own, or one trained on the corpus."""
+def _encoding(workdir: Path, settings: RunSettings, resuming: bool, checkpoint_tokenizer,
+              checkpoint_id: str | None) -> Encoding:
+    """How the run encodes: with a fine-tuned checkpoint's tokenizer, a resumed run's own,
+    or one trained on the corpus."""
     data = settings.data
     encoding = Encoding(max_len=data.max_len, seed=settings.train.seed,
                         vocab_size=data.vocab_size, tokenizer_type=data.tokenizer_type)
-    if init is not None:
-        codes = settings.train.src_lang_code, settings.train.tgt_lang_code
+    if checkpoint_tokenizer is not None:
         return dataclasses.replace(
-            encoding, tokenizer=init.tokenizer, tokenizer_id=f"{init_fingerprint} {codes}",
-            unknown_ids=tuple(unknown_id(init.tokenizer, side) for side in ("source", "target")))
+            encoding, tokenizer=checkpoint_tokenizer, tokenizer_id=checkpoint_id,
+            unknown_ids=tuple(unknown_id(checkpoint_tokenizer, side)
+                              for side in ("source", "target")))
     path = workdir / TOKENIZER_FILE
     if resuming and path.exists():
         return dataclasses.replace(encoding, tokenizer=Tokenizer(path))

@@ -41,9 +41,9 @@ from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import Trainer, freeze, make_optimizer, make_schedule
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
-from jax_transformer.train.workdir import (METRICS_FILE, MetricsLog, check_run_settings,
-                                           open_workdir, recorded_settings,
-                                           write_text_atomically)
+from jax_transformer.train.workdir import (FINGERPRINT, METRICS_FILE, MetricsLog,
+                                           check_run_settings, open_workdir,
+                                           recorded_settings, write_text_atomically)
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
                                             write_atomically)
@@ -128,15 +128,13 @@ class TrainingRun:
         recorded = recorded_settings(self.settings)
         if init is not None:
             finetune.check_settings(self.settings, init)
-            recorded["init_from_fingerprint"] = finetune.fingerprint(init.directory)
-            log(f"fine-tuning {init.directory} (fingerprint "
-                f"{recorded['init_from_fingerprint']})")
+            recorded[FINGERPRINT] = finetune.fingerprint(init.directory)
+            log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
         check_run_settings(workdir, recorded, self.resuming, self.primary)
 
-        self.data = prepared_corpus(workdir, self.settings, init,
-                                    recorded.get("init_from_fingerprint"),
-                                    self.checkpointer.latest_step(), self.primary)
+        resumed_step = self.checkpointer.latest_step()
         if init is None:
+            self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary)
             self.tokenizer = run_tokenizer(workdir, self.data, self.resuming, self.primary)
             special_ids = PAD_ID, BOS_ID, EOS_ID
         else:  # the checkpoint's own tokenizer and special ids, never new ones
@@ -145,6 +143,8 @@ class TrainingRun:
             log(f"tokenizer: {init.directory}'s ({type(self.tokenizer).__name__}: "
                 f"{', '.join(finetune.tokenizer_files(init.directory))})"
                 + (" {} -> {}".format(*codes) if any(codes) else ""))
+            self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary,
+                                        self.tokenizer, f"{recorded[FINGERPRINT]} {codes}")
             special_ids = init.config.pad_id, init.config.bos_id, init.config.eos_id
         self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
                                     data_settings, settings.seed, special_ids,
