@@ -62,7 +62,7 @@ def parse_args(argv=None):
 def make_data(args, workdir: Path):
     """train.py's data path on the natural-length corpus: {"train": PackedBatches, ...}."""
     from jax_transformer.data import natural
-    from jax_transformer.data.encoding import train_tokenizer
+    from jax_transformer.data.encoding import encode_pairs, train_tokenizer
     from jax_transformer.train.inputs import make_batches
     from jax_transformer.train.settings import DataSettings
 
@@ -72,7 +72,9 @@ def make_data(args, workdir: Path):
                                 vocab_size=args.vocab_size, model_type="bpe")
     settings = DataSettings(src_path="natural", tgt_path="natural", max_len=args.max_len,
                             max_tokens=args.max_tokens, vocab_size=args.vocab_size)
-    return tokenizer, make_batches(splits, tokenizer, settings, seed=0)
+    encoded = {split: encode_pairs(tokenizer, pairs, max_len=args.max_len)[:2]
+               for split, pairs in splits.items()}
+    return tokenizer, make_batches(encoded, settings, seed=0)
 
 
 def run_steps(train_step, batches) -> tuple[list[float], list[int], list[float]]:

@@ -22,7 +22,8 @@ from typing import Sequence
 
 from jax_transformer import signals
 from jax_transformer.commands import exit_codes
-from jax_transformer.data.prepare import Encoding, Prepared, key, prepare, stopped_preparing
+from jax_transformer.data.prepare import Encoding, key, prepare, stopped_preparing
+from jax_transformer.data.prepared import Prepared
 from jax_transformer.train.corpus import corpus
 from jax_transformer.train.settings import (MAX_SEED, PREPARED_FIELDS, DataSettings, TrainError,
                                             flag)

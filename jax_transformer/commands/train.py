@@ -33,7 +33,7 @@ import sys
 from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes
-from jax_transformer.data.prepare import Prepared
+from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
                                             TASK_ARCHITECTURES, TASK_DEFAULTS, DataSettings,

@@ -4,6 +4,7 @@
                       TSV/CSV, text files, read as streams with the bad-data policy
     encoding.py       the shared SentencePiece vocabulary; pairs and lines encoded into ids
     prepare.py        a corpus read, split, tokenized and encoded once, on every core
+    raw.py            what a preparation reads: sources, raw UTF-8 stores, held-out splits
     encode_worker.py  one part of a split encoded in a process of its own
     prepared.py       the prepared directory read back: its manifest and stores
     store.py          sentences as flat arrays, in memory or memory-mapped

@@ -3,8 +3,9 @@ jax_transformer.data.encode_worker JOB.json`; `run` starts one a part (prepare.p
 core) and `join_parts` joins their stores in order.
 
 It reads examples start..stop of the split from the raw stores (the split's order is
-RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs would (our tokenizer a
-chunk of texts a call; a checkpoint's pair by pair), drops those over max_len, and
+RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs
+would (our tokenizer a chunk of texts a call; a checkpoint's pair by pair), drops those
+over max_len, and
 writes OUTPUT.SIDE.* (store.py) and, last, OUTPUT.json: how many it kept, how many were
 too long (and the first, counted from `start`), how many are mostly <unk>, its seconds. A process
 of its own, not a thread or a fork: the Python work (decoding, numpy) runs on every

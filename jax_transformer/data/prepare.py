@@ -33,69 +33,26 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
 from jax_transformer.data import encode_worker
-from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
+from jax_transformer.data.raw import Corpus, Log, RawSplit, read_splits, write_examples
+from jax_transformer.data.corpora import CorpusError, CorpusReport
 from jax_transformer.data.encoding import TOKENIZER_SAMPLE, TOO_MANY_TOKENS, UNKNOWN_SHARE
-from jax_transformer.data.prepared import FORMAT, MANIFEST, SPLITS, Prepared, file_sha256
-from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint, ids_dtype
+from jax_transformer.data.prepared import FORMAT, MANIFEST, Prepared, file_sha256, link_or_copy
+from jax_transformer.data.store import TokenStore, fingerprint, ids_dtype
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.tokenizer import UNK_ID, Tokenizer
 
-READ_CHUNK = 10_000  # examples written to the raw stores at a time
 PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
 MOSTLY_UNKNOWN = 0.5  # a split with more than this share of many-<unk> examples is refused
-Log = Callable[[str], None]
 
 
 class NoneFits(CorpusError):
     """Every example of a split is longer than max_len tokens."""
-
-
-def given(examples: Sequence, report: CorpusReport) -> Iterator:
-    """A Source's `read` of examples made in memory (the built-in corpora): all usable."""
-    for example in examples:
-        report.kept += 1
-        yield example
-
-
-@dataclasses.dataclass
-class Source:
-    """One stream of examples: `read(report)` yields the usable ones (sentence pairs or
-    lines), counting what it skips in `report`; `files` are the files it reads."""
-    read: Callable[[CorpusReport], Iterable]
-    report: CorpusReport
-    files: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass
-class Corpus:
-    """What to prepare: the training source, dev and test sources when given, and how
-    many examples to hold out of the training source for the others.
-
-    `held_out(available, given)` -> (dev, test) examples to hold out of the `available`
-    usable training examples (none for a split in `given`); None: the splits are given
-    whole (the built-in corpora), in their order. `settings` are what identify the corpus
-    besides the files' contents (train.py's data flags), recorded in the key."""
-    unit: str  # "pairs" (translation) or "lines" (a language model)
-    train: Source
-    settings: dict
-    dev: Source | None = None
-    test: Source | None = None
-    held_out: Callable[[int, tuple[str, ...]], tuple[int, int]] | None = None
-
-    @property
-    def sides(self) -> tuple[str, ...]:
-        return ("src", "tgt") if self.unit == "pairs" else ("tgt",)
-
-    @property
-    def files(self) -> list[str]:
-        return [f for source in (self.train, self.dev, self.test) if source
-                for f in source.files]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +168,7 @@ class _Stages:
         corpus, encoding, tmp = self.corpus, self.encoding, self.tmp
         self.files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
                        "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
-        raw = _read_splits(tmp / "raw", corpus, encoding.seed, self.say, self.progress)
+        raw = read_splits(tmp / "raw", corpus, encoding.seed, self.say, self.progress)
         self.files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in self.files]
         self.stage("read", self.started)
         began = time.monotonic()
@@ -219,7 +176,7 @@ class _Stages:
         if tokenizer is None:
             tokenizer = _train_tokenizer(tmp / TOKENIZER_FILE, raw["train"], encoding, self.say)
         elif isinstance(tokenizer, Tokenizer):
-            shutil.copyfile(tokenizer.path, tmp / TOKENIZER_FILE)
+            link_or_copy(tokenizer.path, tmp / TOKENIZER_FILE)
         # A checkpoint's tokenizer (its language codes, two vocabularies) keeps int32 ids.
         dtype = (ids_dtype(tokenizer.vocab_size) if isinstance(tokenizer, Tokenizer)
                  else np.dtype(np.int32))
@@ -227,7 +184,7 @@ class _Stages:
         for split, texts in raw.items():
             np.save(tmp / "raw" / f"{split}.index.npy", texts.index)
             if split != "train":
-                _write_examples(tmp / f"{split}.json", texts)
+                write_examples(tmp / f"{split}.json", texts)
         (tmp / "plan.json").write_text(json.dumps({
             "dtype": dtype.name, "sides": list(corpus.sides),
             "unknown_ids": list(encoding.unknown_ids if encoding.tokenizer is not None
@@ -325,88 +282,6 @@ class _Stages:
         return {"examples": kept, "fingerprint": fingerprint([src, tgt]),
                 "many_unknown": many_unknown, "read": count, "parts": len(parts),
                 "encode_seconds": sum(s["seconds"] for s in parts)}
-
-
-# --- 1. read, 2. split ---------------------------------------------------------------------
-
-@dataclasses.dataclass
-class RawSplit:
-    """A split's examples as raw UTF-8: row `index[i]` of the stores is example i; the
-    stores are raw/NAME.SIDE.* (held-out splits share the training split's)."""
-    name: str
-    stores: dict[str, TokenStore]  # side -> store
-    index: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def texts(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[str, ...]]:
-        """Examples start..stop as tuples of their sides' texts."""
-        index = self.index[start:stop]
-        for first in range(0, len(index), READ_CHUNK):
-            rows = index[first:first + READ_CHUNK]
-            yield from zip(*(encode_worker.texts_of(store, rows)
-                             for store in self.stores.values()))
-
-
-def _read_splits(directory: Path, corpus: Corpus, seed: int, say: Log, progress: bool
-                 ) -> dict[str, RawSplit]:
-    directory.mkdir()
-    stores = {}
-    for split in SPLITS:
-        source = getattr(corpus, split)
-        if source is not None:
-            stores[split] = _read_source(directory, split, source, corpus.sides, progress)
-            prefix = "corpus" if split == "train" and corpus.held_out else split
-            say(f"{prefix}: {source.report}")
-    if corpus.held_out is None:  # given whole, in order
-        return {split: RawSplit(split, s, np.arange(len(s["tgt"]))) for split, s in
-                stores.items()}
-    train = stores["train"]
-    available = len(train["tgt"])
-    num_dev, num_test = corpus.held_out(available, tuple(s for s in stores if s != "train"))
-    # corpora.holdout_split's order: test, dev, then the rest for training.
-    order = np.random.default_rng(seed).permutation(available)
-    splits = {"test": RawSplit("train", train, order[:num_test]),
-              "dev": RawSplit("train", train, order[num_test:num_test + num_dev]),
-              "train": RawSplit("train", train, order[num_test + num_dev:])}
-    for split in ("dev", "test"):
-        if split in stores:
-            splits[split] = RawSplit(split, stores[split], np.arange(len(stores[split]["tgt"])))
-    return splits
-
-
-def _read_source(directory: Path, split: str, source: Source, sides: Sequence[str],
-                 progress: bool) -> dict[str, TokenStore]:
-    """Read `source` once into raw stores, one per side; a CorpusError if none is usable."""
-    writers = {side: StoreWriter(directory, f"{split}.{side}", np.uint8) for side in sides}
-    bar = tqdm(desc=f"read {split}", unit=f" {source.report.unit}", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True, mininterval=1)
-    chunk = []
-
-    def flush():
-        for position, (side, writer) in enumerate(writers.items()):
-            encoded = [(e[position] if len(sides) == 2 else e).encode("utf-8") for e in chunk]
-            writer.add([len(e) for e in encoded], np.frombuffer(b"".join(encoded), np.uint8))
-        bar.update(len(chunk))
-        chunk.clear()
-
-    with bar:
-        for example in source.read(source.report):
-            chunk.append(example)
-            if len(chunk) == READ_CHUNK:
-                flush()
-        flush()
-    for writer in writers.values():
-        writer.close()
-    if not source.report.kept:
-        raise CorpusError(no_usable(source.report))
-    return {side: TokenStore.open(directory, f"{split}.{side}", np.uint8) for side in sides}
-
-
-def _write_examples(path: Path, split: RawSplit) -> None:
-    examples = [list(e) if len(e) == 2 else e[0] for e in split.texts()]
-    path.write_text(json.dumps(examples, ensure_ascii=False) + "\n")
 
 
 # --- 3. the tokenizer ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +109,14 @@ class Prepared:
         if wanted.get("tokenizer") == f"sha256:{self.manifest.get('tokenizer_sha256')}":
             mine["tokenizer"] = wanted["tokenizer"]
         return mine == wanted and not self.changed_files()
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """`target` as a hard link to `source` where both are on one file system (a prepared
+    directory's files are never changed in place), else a copy; whole or absent."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)

@@ -1,6 +1,6 @@
 """What train.py (and jaxformer-prepare) prepare: the corpus its data flags name.
 
-    corpus(data, seed)   a data.prepare.Corpus: the sources to read, the splits to hold
+    corpus(data, seed)   a data.raw.Corpus: the sources to read, the splits to hold
                          out, the settings its preparation's key records
 
 --task translate: sentence pairs (the built-in number corpus, parallel text files, or
@@ -14,7 +14,8 @@ import functools
 
 from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusReport
-from jax_transformer.data.prepare import SPLITS, Corpus, Source, given
+from jax_transformer.data.prepared import SPLITS
+from jax_transformer.data.raw import Corpus, Source, given
 from jax_transformer.train.settings import DataSettings
 
 

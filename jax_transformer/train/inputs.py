@@ -12,7 +12,6 @@ packed batches, the data position of a resumed run.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,9 +23,10 @@ from jax_transformer import signals
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import unknown_id
 from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
+from jax_transformer.data.prepare import (Encoding, NoneFits, Share, key, prepare,
+                                          stopped_preparing)
+from jax_transformer.data.prepared import Prepared, file_sha256, link_or_copy
 from jax_transformer.data.rows import fitting_row_shape, positions_needed
-from jax_transformer.data.prepare import (Encoding, NoneFits, Prepared, Share, file_sha256, key,
-                                          prepare, stopped_preparing)
 from jax_transformer.train import corpus as train_corpus, peers
 from jax_transformer.train.settings import DataSettings, RunSettings, TrainError
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
@@ -135,7 +135,7 @@ def run_tokenizer(workdir: Path, prepared: Prepared, resuming: bool, primary: bo
                              f"{path}, which the run in {workdir} was trained with: resume "
                              "with the corpus prepared for it, or use a new --workdir")
     elif primary:
-        shutil.copyfile(prepared.tokenizer_path, path)
+        link_or_copy(prepared.tokenizer_path, path)
     tokenizer = Tokenizer(path if primary else prepared.tokenizer_path)
     log(f"tokenizer: {tokenizer.vocab_size} pieces -> {path}")
     return tokenizer

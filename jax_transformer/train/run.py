@@ -26,7 +26,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from jax_transformer import scanned, signals
-from jax_transformer.data.prepare import SPLITS
+from jax_transformer.data.prepared import SPLITS
 from jax_transformer.model import build_model
 from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,

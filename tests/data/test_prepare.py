@@ -17,8 +17,9 @@ from jax_transformer.data.corpora import CorpusError, CorpusReport
 from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, encode_pairs, \
     train_tokenizer
 from jax_transformer.data.packing import PackedBatches
-from jax_transformer.data.prepare import (Corpus, Encoding, NoneFits, Prepared, Source, given,
-                                          key, prepare)
+from jax_transformer.data.prepare import Encoding, NoneFits, key, prepare
+from jax_transformer.data.prepared import Prepared
+from jax_transformer.data.raw import Corpus, Source, given
 from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint
 from transformer_core.tokenizer import Tokenizer
 
