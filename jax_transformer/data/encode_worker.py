@@ -37,7 +37,6 @@ from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
 
 CHUNK = 10_000  # examples encoded and written at a time
-GATHER = 1_000  # raw texts read from one map of their store
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent ends
 
 
@@ -98,16 +97,8 @@ def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: No
 
 
 def texts_of(store: TokenStore, rows: np.ndarray) -> list[str]:
-    """The UTF-8 texts of a raw store's `rows`, GATHER rows a map: each page the kernel
-    faults in brings its neighbours (64 KiB) into the process's resident set while the
-    store is mapped, so a few thousand random rows at a time keep that small."""
-    texts = []
-    for first in range(0, len(rows), GATHER):
-        some = rows[first:first + GATHER]
-        data = store.gather(some).tobytes()
-        ends = np.cumsum(store.lengths[some].astype(np.int64)).tolist()
-        texts += [data[a:b].decode("utf-8") for a, b in zip([0] + ends[:-1], ends)]
-    return texts
+    """The UTF-8 texts of a raw store's `rows`."""
+    return [text.decode("utf-8") for text in store.each(rows)]
 
 
 def _encode(tokenizer, texts: list[list[str]], first_number: int) -> list[list[list[int]]]:

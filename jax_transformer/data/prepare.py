@@ -146,7 +146,7 @@ def stopped_preparing(directory) -> str:
 
 class _Stages:
     """One preparation's stages, in its temporary directory `tmp`: read_and_plan (process
-    0: read, split, train the tokenizer; tmp/plan.json tells the others what to encode),
+    0: read, split, train the tokenizer; tmp/raw/plan.json tells the others what to encode),
     encode (every process its share of each split; process 0 joins and checks each split
     once all have encoded it), manifest (process 0)."""
 
@@ -165,6 +165,8 @@ class _Stages:
         self.seconds[name] = round(time.monotonic() - began, 2)
 
     def read_and_plan(self) -> None:
+        """Read and split the corpus, train (or take) the tokenizer, write the held-out
+        texts and the plan."""
         corpus, encoding, tmp = self.corpus, self.encoding, self.tmp
         self.files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
                        "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
@@ -185,7 +187,7 @@ class _Stages:
             np.save(tmp / "raw" / f"{split}.index.npy", texts.index)
             if split != "train":
                 write_examples(tmp / f"{split}.json", texts)
-        (tmp / "plan.json").write_text(json.dumps({
+        (tmp / "raw" / "plan.json").write_text(json.dumps({
             "dtype": dtype.name, "sides": list(corpus.sides),
             "unknown_ids": list(encoding.unknown_ids if encoding.tokenizer is not None
                                 else (UNK_ID, UNK_ID)),
@@ -196,7 +198,7 @@ class _Stages:
         """Each split, the small ones first (a refusal comes early): this process's share,
         in parts (tmp/raw/SPLIT.pP.partK.*); then, on process 0, all parts joined."""
         began, tmp = time.monotonic(), self.tmp
-        self.plan = plan = json.loads((tmp / "plan.json").read_text())
+        self.plan = plan = json.loads((tmp / "raw" / "plan.json").read_text())
         tokenizer = self.encoding.tokenizer or Tokenizer(tmp / TOKENIZER_FILE)
         self.splits = {}
         for split in ("test", "dev", "train"):

@@ -82,6 +82,23 @@ class TokenStore:
         self.bytes_read += out.nbytes + 8 * len(indices)
         return out
 
+    def each(self, indices: np.ndarray) -> list[bytes]:
+        """The sentences at `indices`, each as its bytes, read one at a time (a disk store:
+        os.pread, no map, so a random read of many leaves nothing resident)."""
+        item = self.dtype.itemsize
+        if self.path is None:
+            return [self[i].tobytes() for i in indices]
+        with self._mapped() as (_, offsets):
+            starts = offsets[np.asarray(indices, np.int64)].tolist()
+        lengths = self.lengths[indices].tolist()
+        fd = os.open(f"{self.path}.ids", os.O_RDONLY)
+        try:
+            sentences = [os.pread(fd, n * item, start * item) for start, n in zip(starts, lengths)]
+        finally:
+            os.close(fd)
+        self.bytes_read += sum(map(len, sentences)) + 8 * len(sentences)
+        return sentences
+
     def chunks(self, size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(lengths, values) of `size` sentences at a time, in order, read sequentially
         (a disk store reads its files, mapping nothing)."""

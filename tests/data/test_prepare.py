@@ -82,13 +82,16 @@ def test_a_store_on_disk_gives_what_one_in_memory_does(tmp_path):
         chunk = sentences[start:start + 70]
         writer.add([len(x) for x in chunk], np.concatenate(chunk))
     writer.close()
-    disk, memory = TokenStore.open(tmp_path, "s", np.uint16), TokenStore.in_memory(sentences)
+    disk = TokenStore.open(tmp_path, "s", np.uint16)
+    memory = TokenStore.in_memory(sentences, np.uint16)
     assert len(disk) == 300 and disk.lengths.dtype == np.uint16
     indices = rng.permutation(300)[:50]
     np.testing.assert_array_equal(disk.gather(indices), np.concatenate(
         [sentences[i] for i in indices]))
     np.testing.assert_array_equal(disk.gather(indices), memory.gather(indices))
     np.testing.assert_array_equal(disk[7], sentences[7])
+    assert disk.each(indices) == memory.each(indices) == [
+        sentences[i].astype(np.uint16).tobytes() for i in indices]
     before = disk.bytes_read  # what gathers asked for: the values and their offsets
     values = disk.gather(indices)
     assert disk.bytes_read - before == values.nbytes + 8 * len(indices)
@@ -110,6 +113,11 @@ def test_a_prepared_corpus_equals_the_in_memory_path(tmp_path):
                        Encoding(max_len=16, vocab_size=60), log=lambda line: None,
                        progress=False)
     assert prepared.tokenizer_path.read_bytes() == tokenizer.path.read_bytes()
+    assert sorted(p.name for p in prepared.directory.iterdir()) == sorted(  # docs/data.md's
+        ["manifest.json", "tokenizer.model", "dev.json", "test.json"]
+        + [f"{split}.{side}.{suffix}" for split in ("train", "dev", "test")
+           for side in ("src", "tgt") for suffix in ("ids", "offsets", "lengths")])
+    assert not list(tmp_path.glob("prepared.*"))  # no temporary twin left
     for split, (src_ids, tgt_ids, report) in encoded.items():
         memory = PackedBatches(src_ids, tgt_ids, 256, [(32, 32)], seed=4)
         disk = PackedBatches(*prepared.sides(split), 256, [(32, 32)], seed=4,
