@@ -168,10 +168,10 @@ class _Stages:
         """Read and split the corpus, train (or take) the tokenizer, write the held-out
         texts and the plan."""
         corpus, encoding, tmp = self.corpus, self.encoding, self.tmp
-        self.files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
-                       "mtime_ns": Path(f).stat().st_mtime_ns} for f in corpus.files]
         raw = read_splits(tmp / "raw", corpus, encoding.seed, self.say, self.progress)
-        self.files = [{**entry, "sha256": file_sha256(entry["path"])} for entry in self.files]
+        self.files = [{"path": str(Path(f).resolve()), "size": Path(f).stat().st_size,
+                       "mtime_ns": Path(f).stat().st_mtime_ns, "sha256": file_sha256(f)}
+                      for f in corpus.files]
         self.stage("read", self.started)
         began = time.monotonic()
         tokenizer = encoding.tokenizer
@@ -227,7 +227,7 @@ class _Stages:
             for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
         bar = tqdm(total=last - first, desc=f"encode {split}", unit=" examples",
                    disable=not self.progress, file=sys.stderr, dynamic_ncols=True,
-                   mininterval=1)
+                   mininterval=1, delay=1)
         with bar:
             if parts == 1:
                 encode_worker.encode(jobs[0], tokenizer, bar.update)

@@ -129,7 +129,7 @@ def read_source(directory: Path, split: str, source: Source, sides: Sequence[str
     """Read `source` once into raw stores, one per side; a CorpusError if none is usable."""
     writers = {side: StoreWriter(directory, f"{split}.{side}", np.uint8) for side in sides}
     bar = tqdm(desc=f"read {split}", unit=f" {source.report.unit}", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True, mininterval=1)
+               file=sys.stderr, dynamic_ncols=True, mininterval=1, delay=1)
     chunk = []
 
     def flush():
