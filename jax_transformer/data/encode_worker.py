@@ -53,6 +53,7 @@ class Job:
     unknown_ids: list[int]  # each side's <unk>
     dtype: str  # the ids' type
     tokenizer: str  # our tokenizer's model file ("" for a checkpoint's, encoded in-process)
+    parent: int = 0  # the preparing process, which a worker dies with
 
 
 def encode(job: Job, tokenizer, progress: Callable[[int], object] = lambda n: None) -> None:
@@ -123,11 +124,12 @@ def run(jobs: list[Job], bar: tqdm) -> None:
     worker that fails stops the others (RuntimeError with its stderr's end)."""
     procs = []
     for job in jobs:
+        job = dataclasses.replace(job, parent=os.getpid())
         Path(f"{job.output}.job").write_text(json.dumps(dataclasses.asdict(job)))
-        with open(f"{job.output}.err", "w") as err:
+        with open(f"{job.output}.err", "w") as err:  # no preexec_fn: no fork of JAX's threads
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "jax_transformer.data.encode_worker",
-                 f"{job.output}.job"], stderr=err, preexec_fn=_die_with_parent))
+                 f"{job.output}.job"], stderr=err))
     try:
         codes = [None]
         while None in codes and not any(codes):  # some still run, none has failed
@@ -147,13 +149,16 @@ def run(jobs: list[Job], bar: tqdm) -> None:
     bar.update(bar.total - bar.n)
 
 
-def _die_with_parent() -> None:
-    """In a worker, before it runs: the kernel kills it when the preparing process ends,
-    however it ends (Linux's PR_SET_PDEATHSIG; elsewhere, nothing)."""
+def _die_with(parent: int) -> None:
+    """In a worker, first: the kernel kills it when the preparing process ends, however it
+    ends (Linux's PR_SET_PDEATHSIG; elsewhere, nothing); and it ends at once if that
+    process is gone already."""
     try:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        sys.exit(f"the preparing process {parent} has ended")
 
 
 def _examples_written(job: Job) -> int:
@@ -193,6 +198,7 @@ def join_parts(directory: Path, name: str, parts: list[str], dtype: np.dtype) ->
 
 def main(job_file: str) -> None:
     job = Job(**json.loads(Path(job_file).read_text()))
+    _die_with(job.parent)
     encode(job, Tokenizer(job.tokenizer))
 
 
