@@ -14,6 +14,7 @@ Needs numpy alone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -85,10 +86,11 @@ class Prepared:
         examples = json.loads((self.directory / f"{split}.json").read_text())
         return [tuple(e) for e in examples] if self.unit == "pairs" else examples
 
+    @functools.cached_property
     def changed_files(self) -> list[str]:
         """The corpus files that are here and differ from those prepared (their size, or
-        their contents when their modification time changed). Files not here are not
-        checked: a prepared directory is used without its corpus."""
+        their contents when their modification time changed: hashed once per Prepared).
+        Files not here are not checked: a prepared directory is used without its corpus."""
         changed = []
         for entry in self.manifest["files"]:
             path = Path(entry["path"])
@@ -108,7 +110,7 @@ class Prepared:
         mine = dict(self.key)
         if wanted.get("tokenizer") == f"sha256:{self.manifest.get('tokenizer_sha256')}":
             mine["tokenizer"] = wanted["tokenizer"]
-        return mine == wanted and not self.changed_files()
+        return mine == wanted and not self.changed_files
 
 
 def link_or_copy(source: Path, target: Path) -> None:

@@ -54,7 +54,7 @@ def prepared_corpus(workdir: Path, settings: RunSettings, resumed_step: int | No
     data = settings.data
     if data.data:
         prepared = Prepared(data.data)
-        changed = prepared.changed_files()
+        changed = prepared.changed_files
         if changed:
             raise TrainError(f"--data {data.data} was prepared from {', '.join(changed)}, "
                              "which changed since; prepare it again (jaxformer-prepare) or "
@@ -68,7 +68,7 @@ def prepared_corpus(workdir: Path, settings: RunSettings, resumed_step: int | No
     decision = "prepare"
     if primary:
         existing = _whole_or_none(directory)
-        changed = existing.changed_files() if existing is not None else []
+        changed = existing.changed_files if existing is not None else []
         if changed and resumed_step is not None:
             raise TrainError(f"the training data differ from those of checkpoint "
                              f"{resumed_step}: {', '.join(changed)} changed since the run "

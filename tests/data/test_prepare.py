@@ -238,13 +238,13 @@ def test_a_changed_corpus_file_is_detected(tmp_path):
     assert prepared.is_preparation_of(key(corpus, encoding))
     assert not prepared.is_preparation_of(key(corpus, Encoding(max_len=33, vocab_size=60)))
     os.utime(src, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, not changed
-    assert prepared.changed_files() == []
+    assert Prepared(prepared.directory).changed_files == []
     text = src.read_text()
     src.write_text(text.replace("cat", "dog", 1) if "cat" in text else "x" + text[1:])
     os.utime(src, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
-    assert prepared.changed_files() == [str(src.resolve())]  # same size, other bytes
+    assert Prepared(prepared.directory).changed_files == [str(src.resolve())]  # same size
     src.unlink()  # a prepared directory is used without its corpus
-    assert prepared.changed_files() == []
+    assert Prepared(prepared.directory).changed_files == []
 
 
 def test_a_failing_worker_stops_the_others_and_says_why(tmp_path):
