@@ -17,8 +17,8 @@ from flax import nnx
 import torch_reference
 from jax_transformer import masks as jax_masks
 from jax_transformer import model as flax_models
-from parity_tests.helpers import (SINGLE_STACK_CONFIGS, assert_close, build_pair, fast_tier,
-                                  precision, to_numpy, to_torch)
+from parity_tests.helpers import (SINGLE_STACK_CONFIGS, TORCH_DEVICE, assert_close, build_pair,
+                                  fast_tier, precision, to_numpy, to_torch)
 from torch_reference import masks as torch_masks
 from transformer_core.config import ConfigError
 
@@ -119,7 +119,7 @@ def test_checkpoint_directory_round_trip(architecture, tmp_path):
     assert type(flax_model).__name__ == type(torch_model).__name__
     ids = make_ids(config, "padded")
     with torch.no_grad():
-        expected = torch_model(to_torch(ids))
+        expected = torch_model.to(TORCH_DEVICE)(to_torch(ids))
     assert_close(flax_model(jnp.asarray(ids)), expected, F32_LOGITS, "logits after loading")
     assert type(torch_reference.from_pretrained(tmp_path)) is type(torch_model)
     with pytest.raises(ConfigError, match=f"the config is '{architecture}'.*build_model"):
