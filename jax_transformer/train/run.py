@@ -20,15 +20,11 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from jax_transformer import scanned, signals
 from jax_transformer.data.prepared import SPLITS
-from jax_transformer.model import build_model
-from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
                                    finetune, host_memory, interrupts, plots)
 from jax_transformer.train.checkpoints import Checkpointer
@@ -38,7 +34,7 @@ from jax_transformer.train.report import replicas, training_report
 from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
-from jax_transformer.train.step import Trainer, freeze, make_optimizer, make_schedule
+from jax_transformer.train.step import build_trainer
 from jax_transformer.train.task import TASKS
 from jax_transformer.train.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.workdir import (FINGERPRINT, METRICS_FILE, MetricsLog,
@@ -119,9 +115,8 @@ class TrainingRun:
     def prepare(self) -> None:
         """Check the settings against a resumed run's; prepare the corpus (or reuse its
         preparation), and build the batches, the model and its trainer."""
-        data_settings, model_settings, settings = self.settings
-        workdir = self.workdir
-        self.checkpointer = Checkpointer(workdir, keep=settings.keep, clean_up=True)
+        settings = self.settings.train
+        self.checkpointer = Checkpointer(self.workdir, keep=settings.keep, clean_up=True)
         self.resuming = self.checkpointer.latest_step() is not None
         self.init = init = (finetune.read_init_dir(settings.init_from) if settings.init_from
                             else None)
@@ -130,59 +125,58 @@ class TrainingRun:
             finetune.check_settings(self.settings, init)
             recorded[FINGERPRINT] = finetune.fingerprint(init.directory)
             log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
-        check_run_settings(workdir, recorded, self.resuming, self.primary)
-
-        resumed_step = self.checkpointer.latest_step()
-        if init is None:
-            self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary)
-            self.tokenizer = run_tokenizer(workdir, self.data, self.resuming, self.primary)
-            special_ids = PAD_ID, BOS_ID, EOS_ID
-        else:  # the checkpoint's own tokenizer and special ids, never new ones
-            codes = finetune.language_codes(self.settings)
-            self.tokenizer = finetune.install_tokenizer(init, workdir, codes, self.primary)
-            log(f"tokenizer: {init.directory}'s ({type(self.tokenizer).__name__}: "
-                f"{', '.join(finetune.tokenizer_files(init.directory))})"
-                + (" {} -> {}".format(*codes) if any(codes) else ""))
-            self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary,
-                                        self.tokenizer, f"{recorded[FINGERPRINT]} {codes}")
-            special_ids = init.config.pad_id, init.config.bos_id, init.config.eos_id
+        check_run_settings(self.workdir, recorded, self.resuming, self.primary)
+        special_ids = self.prepare_data(recorded.get(FINGERPRINT))
         self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
-                                    data_settings, settings.seed, special_ids,
+                                    self.settings.data, settings.seed, special_ids,
                                     {split: self.data.fingerprint(split) for split in SPLITS})
-
-        config_path = workdir / CONFIG_FILE
-        if self.resuming and config_path.exists():
-            config = TransformerConfig.from_json(config_path)
-        elif init is not None:
-            config = finetune.run_config(init.config, model_settings)
-            if self.primary:
-                write_atomically(config_path, config.to_json)
-        else:
-            config = model_settings.config(self.tokenizer.vocab_size, data_settings.max_len,
-                                           data_settings.architecture)
-            if self.primary:
-                write_atomically(config_path, config.to_json)
-        dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
-        model = build_model(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
-                            param_dtype=jnp.float32)
+        config = self.model_config()
+        weights = None
         if init is not None and not self.resuming:  # a resume restores its own weights
             _, tensors = checkpoint_dir.load_dir(init.directory)
-            load_torch_state_dict(model, {k: v.astype(np.float32) for k, v in tensors.items()})
-        scan = scanned.scan_wanted(settings.scan_layers, jax.default_backend())
-        if scan:
-            scanned.scan_layers(model, settings.scan_unroll)
-        self.schedule = make_schedule(settings, config.d_model)
-        optimizer = make_optimizer(self.schedule, settings.clip_norm)
-        if settings.freeze == "embeddings":
-            optimizer = freeze(optimizer)
-        self.trainer = Trainer(model, optimizer, settings.label_smoothing,
-                               schedule=self.schedule)
+            weights = {k: v.astype(np.float32) for k, v in tensors.items()}
+        self.trainer = build_trainer(config, settings, weights)
         num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
+        scan = (" (scanned)" if scanned.scan_wanted(settings.scan_layers, jax.default_backend())
+                else "")
         log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
-            f"{config.d_model}, {layers} layers{' (scanned)' if scan else ''}, "
-            f"{settings.dtype} compute, {jax.device_count()} {jax.devices()[0].platform} device(s)")
+            f"{config.d_model}, {layers} layers{scan}, {settings.dtype} compute, "
+            f"{jax.device_count()} {jax.devices()[0].platform} device(s)")
+
+    def prepare_data(self, init_fingerprint: str | None) -> tuple[int, int, int]:
+        """The prepared corpus and the tokenizer (fine-tuning: the checkpoint's own, never
+        a new one); returns the special ids (pad, bos, eos) the batches use."""
+        workdir, resumed_step, init = self.workdir, self.checkpointer.latest_step(), self.init
+        if init is None:
+            self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary)
+            self.tokenizer = run_tokenizer(workdir, self.data, self.resuming, self.primary)
+            return PAD_ID, BOS_ID, EOS_ID
+        codes = finetune.language_codes(self.settings)
+        self.tokenizer = finetune.install_tokenizer(init, workdir, codes, self.primary)
+        log(f"tokenizer: {init.directory}'s ({type(self.tokenizer).__name__}: "
+            f"{', '.join(finetune.tokenizer_files(init.directory))})"
+            + (" {} -> {}".format(*codes) if any(codes) else ""))
+        self.data = prepared_corpus(workdir, self.settings, resumed_step, self.primary,
+                                    self.tokenizer, f"{init_fingerprint} {codes}")
+        return init.config.pad_id, init.config.bos_id, init.config.eos_id
+
+    def model_config(self) -> TransformerConfig:
+        """A resumed run's config.json; else the new one (from --init-from's and the model
+        flags, or the flags alone), written to the work directory."""
+        config_path = self.workdir / CONFIG_FILE
+        if self.resuming and config_path.exists():
+            return TransformerConfig.from_json(config_path)
+        data_settings, model_settings, _ = self.settings
+        if self.init is not None:
+            config = finetune.run_config(self.init.config, model_settings)
+        else:
+            config = model_settings.config(self.tokenizer.vocab_size, data_settings.max_len,
+                                           data_settings.architecture)
+        if self.primary:
+            write_atomically(config_path, config.to_json)
+        return config
 
     def train(self):
         """The loop: steps up to --steps, or until --time-budget has passed; metrics,
@@ -192,12 +186,7 @@ class TrainingRun:
         reads no device value between the logging points (late_metrics.py)."""
         settings, checkpointer = self.settings.train, self.checkpointer
         compiled_before = compiling.CompileCounter.snapshot()
-        state = self.trainer.initial_state
-        batches = self.batches["train"].iterator(local_rows=self.trainer.local_rows)
-        if self.resuming:
-            state, data_state = checkpointer.restore_newest_intact(state, warn=log)
-            set_data_position(batches, data_state, self.settings.data, int(state.step))
-            log(f"resumed from step {int(state.step)} ({checkpointer.manager.directory})")
+        state, batches = self.restore()
         start_step = step = int(state.step)  # counted on the host from here on
         # Opened before compiling, so that once "compiled in" is printed a stop is deferred
         # to the end of a step (and saved) without a gap.
@@ -211,33 +200,14 @@ class TrainingRun:
         seconds_before_training = time.monotonic() - self.started
         deadline = (self.started + settings.time_budget if settings.time_budget is not None
                     else None)
-        last_saved = start_step if self.resuming else None
+        self.last_saved = start_step if self.resuming else None
         late = LateMetrics(settings.log_every, started)
         host_seconds = []  # per step, the loop thread's CPU time: its batch taken, dispatched
         progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
                         disable=settings.quiet or not self.primary, dynamic_ncols=True)
         with interrupts.deferred_stops(deadline) as stops, progress, \
                 contextlib.closing(metrics_log), contextlib.closing(updates):
-            compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
-            log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
-                f"{compiled['cache_hits']} loaded from the cache")
-            if self.start is not None and start_step == 0:  # the starting model, at step 0
-                metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
-                                  dev_perplexity=self.start["dev"]["perplexity"])
-            if start_step < settings.steps:  # at the first step these programs train
-                metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
-
-            def read_metrics(all_steps: bool) -> float | None:  # the newest loss read
-                read = self.checked(late, all_steps, last_saved)
-                for m in read:
-                    metrics_log.write(step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm,
-                                      tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
-                                      elapsed=round(m.elapsed, 3))
-                    progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{m.lr:.2e}",
-                                         tok_s=f"{m.tokens_per_s:,.0f}")
-                    progress.update(1)
-                return read[-1].loss if read else None
-
+            self.log_compiled(compiled_before, ahead_seconds, start_step, metrics_log)
             while step < settings.steps and not stops.agreed(step):
                 began, began_cpu = time.time(), time.thread_time()  # the budget had time left
                 update = next(updates)
@@ -249,21 +219,16 @@ class TrainingRun:
                 evaluate = step % settings.eval_every == 0 or step == settings.steps
                 save = step % settings.checkpoint_every == 0 or step == settings.steps
                 if late.due() or evaluate or save:
-                    loss = read_metrics(all_steps=evaluate or save)
+                    loss = self.write_metrics(late, evaluate or save, metrics_log, progress)
                 if evaluate:
-                    dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
-                    metrics_log.write(step=step, dev_loss=dev["loss"],
-                                      dev_perplexity=dev["perplexity"])
-                    log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
-                        f"dev perplexity {dev['perplexity']:.3f}")
+                    self.evaluate_dev(state, step, loss, metrics_log)
                 if save:
                     checkpointer.save(state, data_state)
-                    last_saved = step
-            read_metrics(all_steps=True)  # before the final save
+                    self.last_saved = step
+            self.write_metrics(late, True, metrics_log, progress)  # before the final save
             if stops.out_of_time:
-                self.check_some_step_ran(step, start_step, seconds_before_training)
-                log(f"--time-budget {settings.time_budget:g} s spent: stopping after step {step}")
-            if step != last_saved:  # a signal or the budget between checkpoints
+                self.budget_spent(step, start_step, seconds_before_training)
+            if step != self.last_saved:  # a signal or the budget between checkpoints
                 checkpointer.save(state, data_state)
             checkpointer.wait()
         if stops.signum is not None:
@@ -279,20 +244,66 @@ class TrainingRun:
             f"tokens/s; compiling: {report['compiled']}")
         return state, report
 
-    def check_some_step_ran(self, step: int, start_step: int, setting_up: float) -> None:
+    def restore(self):
+        """The state to train from and the training batches' iterator: a resumed run's
+        newest intact checkpoint and its data position, or the initial state."""
+        state = self.trainer.initial_state
+        batches = self.batches["train"].iterator(local_rows=self.trainer.local_rows)
+        if self.resuming:
+            state, data_state = self.checkpointer.restore_newest_intact(state, warn=log)
+            set_data_position(batches, data_state, self.settings.data, int(state.step))
+            log(f"resumed from step {int(state.step)} ({self.checkpointer.manager.directory})")
+        return state, batches
+
+    def log_compiled(self, compiled_before, ahead_seconds: float, start_step: int,
+                     metrics_log: MetricsLog) -> None:
+        """What compiling took, printed and (with a fine-tuning run's starting scores, at
+        step 0) written to the metrics log."""
+        compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
+        log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
+            f"{compiled['cache_hits']} loaded from the cache")
+        if self.start is not None and start_step == 0:  # the starting model, at step 0
+            metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
+                              dev_perplexity=self.start["dev"]["perplexity"])
+        if start_step < self.settings.train.steps:  # at the first step these programs train
+            metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
+
+    def write_metrics(self, late: LateMetrics, all_steps: bool, metrics_log: MetricsLog,
+                      progress) -> float | None:
+        """The late metrics read (every step's when `all_steps`) into the metrics log and
+        the progress bar; returns the newest loss read."""
+        read = self.checked(late, all_steps, self.last_saved)
+        for m in read:
+            metrics_log.write(step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm,
+                              tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
+                              elapsed=round(m.elapsed, 3))
+            progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{m.lr:.2e}",
+                                 tok_s=f"{m.tokens_per_s:,.0f}")
+            progress.update(1)
+        return read[-1].loss if read else None
+
+    def evaluate_dev(self, state, step: int, loss: float, metrics_log: MetricsLog) -> None:
+        """The dev loss at `step`, written and printed beside the newest training loss."""
+        dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
+        metrics_log.write(step=step, dev_loss=dev["loss"], dev_perplexity=dev["perplexity"])
+        log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
+            f"dev perplexity {dev['perplexity']:.3f}")
+
+    def budget_spent(self, step: int, start_step: int, setting_up: float) -> None:
         """After --time-budget ran out: a TrainError when it did before the first step of
-        a new run (nothing trained, so nothing is saved or exported), and a plain line
-        when it did before the first step of a resumed one (its saved model is exported)."""
-        if step != start_step:
-            return
+        a new run (nothing trained, so nothing is saved or exported); else a line saying
+        so, after one more when it did before the first step of a resumed run (whose
+        saved model is exported)."""
         budget = self.settings.train.time_budget
-        if step == 0:
+        if step == start_step == 0:
             raise TrainError(f"--time-budget {budget:g} s ran out before the first training "
                              f"step (setting up took {setting_up:.1f} s: the corpus, the "
                              "tokenizer and compiling): no step ran, so no checkpoint was "
                              "saved and no model exported; give a longer budget")
-        log(f"--time-budget {budget:g} s ran out before this run's first step: no step ran; "
-            f"exporting and evaluating step {step} as it was saved")
+        if step == start_step:
+            log(f"--time-budget {budget:g} s ran out before this run's first step: no step "
+                f"ran; exporting and evaluating step {step} as it was saved")
+        log(f"--time-budget {budget:g} s spent: stopping after step {step}")
 
     def compile_ahead(self, state, step: int) -> float:
         """Compile the step's programs for every batch shape before the first step (or

@@ -21,9 +21,11 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jax_transformer import scanned
 from jax_transformer.data.packing import BATCH_KEYS, TEXT_KEYS
 from jax_transformer.masks import causal_mask, same_segment, segment_masks
-from jax_transformer.model import TokenModel
+from jax_transformer.model import TokenModel, build_model
+from jax_transformer.pretrained import load_torch_state_dict
 
 
 def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
@@ -123,6 +125,25 @@ def make_optimizer(schedule, clip_norm: float | None = None) -> optax.GradientTr
     if clip_norm:
         return optax.chain(optax.clip_by_global_norm(clip_norm), adam)
     return adam
+
+
+def build_trainer(config, settings, weights: dict | None = None) -> "Trainer":
+    """train.py's Trainer for `config` and its TrainSettings: the model in --dtype
+    compute over float32 parameters (`weights`, torch-named arrays, loaded when
+    given), its layer stacks scanned as --scan-layers says, and the optimizer of
+    --lr-schedule, --clip-norm and --freeze."""
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[settings.dtype]
+    model = build_model(config, rngs=nnx.Rngs(settings.seed), dtype=dtype,
+                        param_dtype=jnp.float32)
+    if weights is not None:
+        load_torch_state_dict(model, weights)
+    if scanned.scan_wanted(settings.scan_layers, jax.default_backend()):
+        scanned.scan_layers(model, settings.scan_unroll)
+    schedule = make_schedule(settings, config.d_model)
+    optimizer = make_optimizer(schedule, settings.clip_norm)
+    if settings.freeze == "embeddings":
+        optimizer = freeze(optimizer)
+    return Trainer(model, optimizer, settings.label_smoothing, schedule=schedule)
 
 
 def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
