@@ -205,7 +205,18 @@ class PackedBatches:
                    local_rows: Callable[[int], slice] | None = None) -> dict[str, np.ndarray]:
         """Lay the given rows of examples out as one batch of row shape `shape`; with
         `local_rows` (a batch's row count -> the rows this process feeds) only those rows
-        of it, as a process of a several-host run builds its part of a global batch."""
+        of it, as a process of a several-host run builds its part of a global batch.
+
+        Worked example, the target side: rows [[a, b], [c]], T = 6, targets of 2, 1 and
+        3 pieces (a1 a2, b1, c1 c2 c3), so 3, 2 and 4 token slots with BOS (or EOS):
+            row_of [0 0 1], first_in_row [0 2], segment [1 2 1]
+            offset [0 3 5] (starts in the flat stream), column [0 3 0] (in the row)
+            within [0 1 2 | 0 1 | 0 1 2 3], index [0 1 2 | 3 4 | 6 7 8 9] (slot = row*T + col)
+            tgt_in         [BOS a1 a2 BOS b1 PAD]   [BOS c1 c2 c3 PAD PAD]
+            tgt_out        [a1 a2 EOS b1 EOS PAD]   [c1 c2 c3 EOS PAD PAD]
+            tgt_segments   [1 1 1 2 2 0]            [1 1 1 1 0 0]
+            tgt_positions  [0 1 2 0 1 0]            [0 1 2 3 0 0]
+        """
         R, (S, T) = self.rows_per_batch[shape], self.row_shapes[shape]
         if local_rows is not None:
             start, stop, _ = local_rows(R).indices(R)
