@@ -36,7 +36,7 @@ from jax_transformer.commands import exit_codes
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
-                                            TASK_ARCHITECTURES, TASK_DEFAULTS, DataSettings,
+                                            TASK_DEFAULTS, DataSettings,
                                             ModelSettings, RunSettings, TrainError,
                                             TrainSettings, from_prepared)
 
@@ -57,28 +57,47 @@ def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser(argv=None) -> ArgumentParser:
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """What the command line says before its flags are parsed, because other flags'
+    defaults come from it: --preset and --layers, the task, and the --init-from
+    checkpoint (read and checked once) or the --data corpus."""
+    preset: str
+    layers: int | None
+    task: str
+    init: finetune.InitDir | None
+    prepared: Prepared | None
+
+
+def pre_parse(argv=None) -> Chosen:
+    """The one pre-parse of the command line (bad values wait for the full parser)."""
+    p = add_default_choosers(argparse.ArgumentParser(prog="jaxformer-train", add_help=False))
+    for flag in ("--task", "--init-from", "--data"):
+        p.add_argument(flag)
+    known = p.parse_known_args(argv)[0]
+    init = finetune.read_init_dir(known.init_from) if known.init_from else None
+    prepared = Prepared(known.data) if known.data else None
+    default_task = (init.task if init and init.task else
+                    prepared.key["corpus"]["task"] if prepared else "translate")
+    return Chosen(known.preset, known.layers, known.task or default_task, init, prepared)
+
+
+def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
     """train.py's command line, generated from the settings dataclasses; the defaults of
     the model flags come from --preset (and --layers), --steps' from --task; with
     --init-from DIR, the model flags', --task's and --max-len's from DIR's config and
     the schedule's from FINETUNE_DEFAULTS."""
-    chosen, _ = add_default_choosers(argparse.ArgumentParser(
-        prog="jaxformer-train", add_help=False)).parse_known_args(argv)
-    task = argparse.ArgumentParser(add_help=False)
-    init, prepared = init_dir(argv), prepared_dir(argv)
-    task.add_argument("--task", choices=TASK_ARCHITECTURES,
-                      default=init.task if init and init.task else
-                      prepared.key["corpus"]["task"] if prepared else "translate")
+    chosen = chosen or pre_parse(argv)
+    init = chosen.init
     model_defaults = dict(PRESETS[chosen.preset])
-    data_defaults, finetune_defaults = {}, {}
+    data_defaults, finetune_defaults = {"task": chosen.task}, {}
     if init is not None:  # DIR's model; a flag given beside it may only repeat it
         if any(arg == "--preset" or arg.startswith("--preset=") for arg in arguments(argv)):
             raise TrainError(f"--preset picks a new model's sizes; --init-from {init.directory} "
                              "brings its own: drop --preset")
         model_defaults = finetune.model_defaults(init.config)
-        data_defaults = {"task": task.parse_known_args(argv)[0].task,
-                         "max_len": init.config.max_len,
-                         "max_tokens": max(DataSettings.max_tokens, init.config.max_len)}
+        data_defaults.update(max_len=init.config.max_len,
+                             max_tokens=max(DataSettings.max_tokens, init.config.max_len))
         finetune_defaults = FINETUNE_DEFAULTS
     if chosen.layers is not None:
         model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
@@ -89,9 +108,9 @@ def build_parser(argv=None) -> ArgumentParser:
     add_default_choosers(p)
     p.add_arguments(DataSettings, dest="data", default=DataSettings(**data_defaults))
     p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults))
-    train_defaults = TASK_DEFAULTS.get(task.parse_known_args(argv)[0].task, {})
     p.add_arguments(TrainSettings, dest="train",
-                    default=TrainSettings(**train_defaults, **finetune_defaults))
+                    default=TrainSettings(**TASK_DEFAULTS.get(chosen.task, {}),
+                                          **finetune_defaults))
     return p
 
 
@@ -99,27 +118,12 @@ def arguments(argv=None) -> list[str]:
     return list(sys.argv[1:] if argv is None else argv)
 
 
-def init_dir(argv=None) -> finetune.InitDir | None:
-    """--init-from's checkpoint directory, read and checked (a TrainError naming it), or
-    None without the flag."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--init-from")
-    path = pre.parse_known_args(argv)[0].init_from
-    return finetune.read_init_dir(path) if path else None
-
-
-def prepared_dir(argv=None) -> Prepared | None:
-    """--data's prepared corpus, or None without the flag."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--data")
-    path = pre.parse_known_args(argv)[0].data
-    return Prepared(path) if path else None
-
-
-def parse_args(argv=None) -> RunSettings:
-    """The flags as the run's settings; bad values raise a TrainError naming the flag.
-    With --data DIR, the corpus settings are the ones DIR was prepared with."""
-    args = build_parser(argv).parse_args(argv)
+def command_line(argv=None) -> tuple[RunSettings, finetune.InitDir | None]:
+    """The flags as the run's settings, and the --init-from checkpoint, read once; bad
+    values raise a TrainError naming the flag. With --data DIR, the corpus settings are
+    the ones DIR was prepared with."""
+    chosen = pre_parse(argv)
+    args = build_parser(argv, chosen).parse_args(argv)
     train, data = args.train, args.data
     if args.no_compile_cache:
         train = dataclasses.replace(train, compile_cache=None)
@@ -128,11 +132,16 @@ def parse_args(argv=None) -> RunSettings:
             raise TrainError(f"--data {data.data} holds a corpus encoded with its own "
                              f"tokenizer; --init-from {train.init_from} brings the "
                              "checkpoint's: drop --data, and give the corpus files")
-        data = from_prepared(data, Prepared(data.data).key["corpus"], data.data)
+        data = from_prepared(data, chosen.prepared.key["corpus"], data.data)
     settings = RunSettings(data, args.model, train)
-    if train.init_from:
-        finetune.check_settings(settings, finetune.read_init_dir(train.init_from))
-    return settings
+    if chosen.init is not None:
+        finetune.check_settings(settings, chosen.init)
+    return settings, chosen.init
+
+
+def parse_args(argv=None) -> RunSettings:
+    """The flags as the run's settings (command_line's)."""
+    return command_line(argv)[0]
 
 
 def main(argv=None) -> int:
@@ -150,9 +159,9 @@ def main(argv=None) -> int:
 
 
 def train(argv=None) -> int:
-    settings = parse_args(argv)  # bad flags fail here, before JAX loads
+    settings, init = command_line(argv)  # bad flags fail here, before JAX loads
     from jax_transformer.train.run import TrainingRun
-    summary = TrainingRun(settings).run()
+    summary = TrainingRun(settings, init).run()
     test = summary["test"]
     results = {"step": summary["step"], "train_seconds": summary["train_seconds"],
                "dev_loss": round(summary["dev"]["loss"], 4), "test_loss": round(test["loss"], 4),

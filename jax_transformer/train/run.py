@@ -53,11 +53,13 @@ class TrainingRun:
     """One run in its work directory: the settings, the corpus and its batches, the
     tokenizer, the model's trainer, the checkpointer and the metrics log."""
 
-    def __init__(self, settings: RunSettings):
+    def __init__(self, settings: RunSettings, init: finetune.InitDir | None = None):
+        """`init`: --init-from's directory as the command read and checked it (else the
+        run reads and checks it)."""
         self.settings = settings
         self.task = TASKS[settings.data.task]
         self.started = time.monotonic()  # --time-budget counts from here
-        self.init = self.start = None  # fine-tuning: DIR, and the starting model's scores
+        self.init, self.start = init, None  # fine-tuning: DIR, and the starting model's scores
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
@@ -118,11 +120,11 @@ class TrainingRun:
         settings = self.settings.train
         self.checkpointer = Checkpointer(self.workdir, keep=settings.keep, clean_up=True)
         self.resuming = self.checkpointer.latest_step() is not None
-        self.init = init = (finetune.read_init_dir(settings.init_from) if settings.init_from
-                            else None)
-        recorded = recorded_settings(self.settings)
+        if self.init is None and settings.init_from:
+            self.init = finetune.read_init_dir(settings.init_from)
+            finetune.check_settings(self.settings, self.init)
+        init, recorded = self.init, recorded_settings(self.settings)
         if init is not None:
-            finetune.check_settings(self.settings, init)
             recorded[FINGERPRINT] = finetune.fingerprint(init.directory)
             log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
         check_run_settings(self.workdir, recorded, self.resuming, self.primary)
