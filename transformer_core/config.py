@@ -25,11 +25,17 @@ def _field(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+Architecture = Literal["encoder_decoder", "encoder_only", "decoder_only"]
+Activation = Literal["relu", "gelu", "silu"]
+PositionEncoding = Literal["sinusoidal", "learned", "none"]
+PositionLayout = Literal["interleaved", "half_split", "fairseq"]
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """The model: its size, its variant, its vocabulary. Each field's help text is its
     documentation here and in `train.py --help`, where the model flags are these fields."""
-    architecture: Literal["encoder_decoder", "encoder_only", "decoder_only"] = _field(
+    architecture: Architecture = _field(
         "encoder_decoder", "encoder_decoder: the paper's translator; encoder_only: one "
         "bidirectional stack (num_encoder_layers) giving hidden states and logits; "
         "decoder_only: one causal stack without cross-attention (num_decoder_layers), a "
@@ -51,14 +57,14 @@ class TransformerConfig:
     pre_norm: bool = _field(False, "pre-LayerNorm, x + sublayer(LN(x)), instead of the "
                                    "paper's post-LN, LN(x + sublayer(x))")
     final_norm: bool = _field(False, "a LayerNorm after each stack (torch.nn.Transformer)")
-    activation: Literal["relu", "gelu", "silu"] = _field(
+    activation: Activation = _field(
         "relu", "the feed-forward layers' activation; opus-mt uses silu")
     layer_norm_eps: float = _field(1e-5, "LayerNorm epsilon (torch's default)")
     scale_embeddings: bool = _field(True, "multiply embeddings by sqrt(d_model)")
-    position_encoding: Literal["sinusoidal", "learned", "none"] = _field(
+    position_encoding: PositionEncoding = _field(
         "sinusoidal", "positions: fixed sinusoids (laid out by position_layout), a learned "
                       "table (max_len + position_offset rows), or none at all")
-    position_layout: Literal["interleaved", "half_split", "fairseq"] = _field(
+    position_layout: PositionLayout = _field(
         "interleaved", "sinusoid columns: interleaved sin/cos (the paper), half_split, all "
                        "sines then all cosines (Marian), or fairseq's")
     position_offset: int = _field(0, "position p reads row p + offset (fairseq: pad_id + 1)")

@@ -3,13 +3,13 @@ train.py's flags.
 
 A flag is the field it sets (`--d-model` -> `d_model`) and its help text is the
 field's metadata: jax_transformer.commands.train generates the command line from
-these dataclasses. The model's settings are TransformerConfig's own fields
-(ModelSettings is made from them), less those the data decide (vocabulary,
-special ids, max_len, architecture) and final_norm, which follows pre_norm.
-So adding a hyperparameter touches one dataclass. run_args.json records the
-settings flat under these names, so a resumed run can be checked flag by flag;
-files written before a setting existed or was renamed still resume
-(workdir.upgrade_recorded).
+these dataclasses. ModelSettings holds TransformerConfig's own fields, with their
+help, less those the data decide (vocabulary, special ids, max_len, architecture)
+and final_norm, which follows pre_norm. Each field says where it is defined whether
+a resumed run may change it (`resumable`); run_args.json records the others flat
+under these names, so a resumed run can be checked flag by flag. Files written
+before a setting existed or was renamed still resume: train.run_args keeps that
+history.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ import dataclasses
 import math
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from transformer_core.config import ConfigError, TransformerConfig
+from jax_transformer.train.run_args import OLD_FLAGS
+from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
+                                     TransformerConfig)
 from transformer_core.errors import InputError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -67,14 +70,17 @@ def require(condition: bool, message: str) -> None:
 
 
 def setting(default: Any = None, help: str = "", *, factory=None, aliases=(),
-            **argparse_options):
+            resumable: bool = False, **argparse_options):
     """A settings field: its default, its --help text, the flag's other spellings and any
     argparse options (choices, metavar) for the flag generated from it (the metadata
-    keys simple_parsing reads). A boolean flag also has a --no- form."""
+    keys simple_parsing reads). A boolean flag also has a --no- form. `resumable`: the
+    setting only steers how long or how visibly a run goes, so a resumed run may change
+    it; the others must repeat the run_args.json a run records."""
     custom_args = dict(argparse_options)
     if isinstance(default, bool):
         custom_args["negative_prefix"] = "--no-"
-    metadata = {"help": help, "alias": list(aliases), "custom_args": custom_args}
+    metadata = {"help": help, "alias": list(aliases), "custom_args": custom_args,
+                "resumable": resumable}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -89,7 +95,8 @@ class DataSettings:
     """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
     number-words corpus; with --task lm, the built-in counting text)."""
     data: str | None = setting(None, "a corpus jaxformer-prepare made, whose corpus flags are "
-                               "the defaults (else: prepared in WORKDIR/data)", metavar="DIR")
+                               "the defaults (else: prepared in WORKDIR/data)", metavar="DIR",
+                               resumable=True)
     task: str = setting("translate", "translate: an encoder-decoder on sentence pairs; lm: a "
                         "decoder-only language model on lines of text, which also prints "
                         "sampled continuations", choices=tuple(TASK_ARCHITECTURES))
@@ -193,46 +200,57 @@ def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSet
     return dataclasses.replace(data, **{name: recorded[name] for name in PREPARED_FIELDS})
 
 
-def _check_model(self) -> None:
-    """A ModelSettings is valid when the TransformerConfig it makes is: ConfigError's
-    message, with the fields named as the flags that set them."""
-    try:
-        self.config(vocab_size=max(SPECIAL_IDS) + 1, max_len=MIN_MAX_LEN)
-    except ConfigError as e:
-        names = "|".join(f.name for f in dataclasses.fields(self))
-        raise TrainError(re.sub(rf"\b({names})\b", lambda m: flag(m.group(1)), str(e))) from None
+def model_setting(name: str):
+    """A model flag: TransformerConfig's field `name` with its help text, defaulting to
+    the tiny preset's value (the command line sets the chosen preset's)."""
+    field = CONFIG_FIELDS[name]
+    return setting(PRESETS[DEFAULT_PRESET].get(name, field.default), field.metadata["help"],
+                   aliases=OLD_FLAGS.get(name, ()))
 
 
-def _model_config(self, vocab_size: int, max_len: int,
-                  architecture: str = "encoder_decoder") -> TransformerConfig:
-    """The model config: these settings, the tokenizer's vocabulary and special ids,
-    --max-len, the task's architecture; final norms with pre-LN (as torch.nn's)."""
-    return TransformerConfig(
-        **dataclasses.asdict(self), architecture=architecture, src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size, max_len=max_len, pad_id=PAD_ID, bos_id=BOS_ID,
-        eos_id=EOS_ID, final_norm=self.pre_norm)
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TransformerConfig)}
 
 
-# The model flags' spellings before they became TransformerConfig's field names
-# (--layers, which set both stacks, is commands.train's).
-OLD_MODEL_FLAGS = {"num_heads": ("--heads",)}
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """Model (TransformerConfig's fields; --preset picks their defaults)."""
+    # TransformerConfig's fields less DERIVED_MODEL_FIELDS, which the data decide; a
+    # field added to TransformerConfig is added here too (tests/train/test_train.py checks).
+    d_model: int = model_setting("d_model")
+    num_heads: int = model_setting("num_heads")
+    d_ff: int = model_setting("d_ff")
+    num_encoder_layers: int = model_setting("num_encoder_layers")
+    num_decoder_layers: int = model_setting("num_decoder_layers")
+    dropout: float = model_setting("dropout")
+    pre_norm: bool = model_setting("pre_norm")
+    activation: Activation = model_setting("activation")
+    layer_norm_eps: float = model_setting("layer_norm_eps")
+    scale_embeddings: bool = model_setting("scale_embeddings")
+    position_encoding: PositionEncoding = model_setting("position_encoding")
+    position_layout: PositionLayout = model_setting("position_layout")
+    position_offset: int = model_setting("position_offset")
+    share_embeddings: bool = model_setting("share_embeddings")
+    tie_output: bool = model_setting("tie_output")
+    output_bias: bool = model_setting("output_bias")
 
+    def __post_init__(self):
+        """Valid when the TransformerConfig it makes is: ConfigError's message, with the
+        fields named as the flags that set them."""
+        try:
+            self.config(vocab_size=max(SPECIAL_IDS) + 1, max_len=MIN_MAX_LEN)
+        except ConfigError as e:
+            names = "|".join(f.name for f in dataclasses.fields(self))
+            raise TrainError(re.sub(rf"\b({names})\b", lambda m: flag(m.group(1)),
+                                    str(e))) from None
 
-def _model_setting(field: dataclasses.Field) -> tuple[str, Any, dataclasses.Field]:
-    default = PRESETS[DEFAULT_PRESET].get(field.name, field.default)
-    return field.name, field.type, setting(default, field.metadata["help"],
-                                           aliases=OLD_MODEL_FLAGS.get(field.name, ()))
-
-
-# The model flags: TransformerConfig's fields less the derived ones, defaults from the
-# tiny preset (the command line sets the chosen preset's as its defaults).
-ModelSettings = dataclasses.make_dataclass(
-    "ModelSettings",
-    [_model_setting(f) for f in dataclasses.fields(TransformerConfig)
-     if f.name not in DERIVED_MODEL_FIELDS],
-    frozen=True,
-    namespace={"__module__": __name__, "__doc__": "Model (TransformerConfig's fields; --preset picks their defaults).",
-               "__post_init__": _check_model, "config": _model_config})
+    def config(self, vocab_size: int, max_len: int,
+               architecture: str = "encoder_decoder") -> TransformerConfig:
+        """The model config: these settings, the tokenizer's vocabulary and special ids,
+        --max-len, the task's architecture; final norms with pre-LN (as torch.nn's)."""
+        return TransformerConfig(
+            **dataclasses.asdict(self), architecture=architecture, src_vocab_size=vocab_size,
+            tgt_vocab_size=vocab_size, max_len=max_len, pad_id=PAD_ID, bos_id=BOS_ID,
+            eos_id=EOS_ID, final_norm=self.pre_norm)
 
 
 def default_compile_cache() -> str:
@@ -247,7 +265,8 @@ def default_compile_cache() -> str:
 class TrainSettings:
     """Optimisation, checkpoints, evaluation and output."""
     workdir: str = setting("runs/numbers", "where checkpoints, metrics.jsonl, eval.json, "
-                           "figures and the exported model go; an existing run there is resumed")
+                           "figures and the exported model go; an existing run there is resumed",
+                           resumable=True)
     init_from: str | None = setting(
         None, "fine-tune: start from this checkpoint directory (a run's export/, or one "
               "jaxformer-port wrote) with its config, weights and own tokenizer (none is "
@@ -255,7 +274,7 @@ class TrainSettings:
               "(--dropout may differ), --max-len to its max_len; --lr-schedule defaults to "
               f"{FINETUNE_DEFAULTS['lr_schedule']} and --warmup to {FINETUNE_DEFAULTS['warmup']}. "
               "The run evaluates the starting model before the first step. Its fingerprint "
-              "is recorded: a resume needs the same DIR", metavar="DIR")
+              "is recorded: a resume needs the same DIR", metavar="DIR", resumable=True)
     src_lang_code: str | None = setting(
         None, "--init-from an M2M100/NLLB directory (required there, refused elsewhere): the "
               "corpus's source language as its tokenizer names it (fr, fra_Latn), put before "
@@ -265,13 +284,14 @@ class TrainSettings:
               "each target (the decoder learns it after </s>) and forced as the first token "
               "when the run translates the test set", metavar="CODE")
     steps: int = setting(1200, f"optimizer updates in total "
-                               f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)")
+                               f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)",
+                               resumable=True)
     time_budget: float | None = setting(
         None, "dispatch no step once this many seconds since the start have passed (corpus, "
               "tokenizer and compiling count); the steps in flight (one, at most two) finish "
               "and the last is saved, then the run exports and evaluates as usual; a resumed "
               "run gets a fresh budget (default: no limit)",
-        metavar="SECONDS")
+        metavar="SECONDS", resumable=True)
     warmup: int = setting(400, "warm-up steps: the paper's schedule's, or the linear warm-up "
                                f"to --lr ({FINETUNE_DEFAULTS['warmup']} by default with "
                                "--init-from)")
@@ -297,47 +317,52 @@ class TrainSettings:
                 "axis, so the step compiles in about the same time at any depth; off: a "
                 "loop, every layer compiled on its own; auto: the backend's default "
                 "(jax_transformer.scanned.SCAN_BY_DEFAULT). Checkpoints are the same either "
-                "way: a run resumes with the other setting", choices=SCAN_CHOICES)
+                "way: a run resumes with the other setting", choices=SCAN_CHOICES, resumable=True)
     scan_unroll: int = setting(1, "with scanning on, layers per iteration of the scan "
-                                  "(jax.lax.scan's unroll): more compiles longer")
+                                  "(jax.lax.scan's unroll): more compiles longer", resumable=True)
     seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout "
                            f"(0 to {MAX_SEED})")
-    checkpoint_every: int = setting(200, "steps between orbax checkpoints")
-    keep: int = setting(3, "checkpoints kept")
-    eval_every: int = setting(200, "steps between held-out loss evaluations")
+    checkpoint_every: int = setting(200, "steps between orbax checkpoints", resumable=True)
+    keep: int = setting(3, "checkpoints kept", resumable=True)
+    eval_every: int = setting(200, "steps between held-out loss evaluations", resumable=True)
     log_every: int = setting(1, "steps between reads of the training metrics (loss, gradient "
                                 "norm) from the devices; each read waits only for the step "
-                                "before the one just started, so the devices never idle on it")
-    beam: int = setting(1, "beam size for the final test translation; 1 = greedy")
-    decode_batch_size: int = setting(250, "sentences per batch when translating the test set")
-    samples: int = setting(5, "sample translations (or continuations) printed at the end")
+                                "before the one just started, so the devices never idle on it",
+                                resumable=True)
+    beam: int = setting(1, "beam size for the final test translation; 1 = greedy", resumable=True)
+    decode_batch_size: int = setting(250, "sentences per batch when translating the test set",
+                                     resumable=True)
+    samples: int = setting(5, "sample translations (or continuations) printed at the end",
+                           resumable=True)
     temperature: float = setting(0.8, "--task lm: sampling temperature of the printed "
-                                      "continuations; 0 = greedy")
+                                      "continuations; 0 = greedy", resumable=True)
     distributed: bool = setting(False, "several processes (hosts) as one run: join JAX's "
                                        "distributed runtime (docs/distributed.md); the three "
                                        "settings below, else JAX_COORDINATOR_ADDRESS, "
                                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID, else the cluster's "
-                                       "(Cloud TPU, SLURM, Open MPI)")
+                                       "(Cloud TPU, SLURM, Open MPI)", resumable=True)
     coordinator_address: str | None = setting(None, "--distributed: HOST:PORT where process 0 "
-                                              "serves the coordinator", metavar="HOST:PORT")
-    num_processes: int | None = setting(None, "--distributed: how many processes the run has")
+                                              "serves the coordinator", metavar="HOST:PORT",
+                                              resumable=True)
+    num_processes: int | None = setting(None, "--distributed: how many processes the run has",
+                                        resumable=True)
     process_id: int | None = setting(None, "--distributed: this process's number, 0 to "
-                                     "--num-processes - 1")
+                                     "--num-processes - 1", resumable=True)
     peer_timeout: float = setting(20.0, "--distributed: a process that stops answering for "
                                         "this many seconds ends the run on every process",
-                                  metavar="SECONDS")
+                                  metavar="SECONDS", resumable=True)
     cpu_devices: int | None = setting(
         None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
               "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
               "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
-              "docs/performance.md); a resumed run may change it", metavar="N")
-    quiet: bool = setting(False, "no progress bar")
+              "docs/performance.md); a resumed run may change it", metavar="N", resumable=True)
+    quiet: bool = setting(False, "no progress bar", resumable=True)
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
-                                      "for `tensorboard --logdir WORKDIR`")
+                                      "for `tensorboard --logdir WORKDIR`", resumable=True)
     compile_cache: str | None = setting(
         help="JAX's persistent compilation cache: a repeated or resumed run loads its "
              "compiled programs from here (--no-compile-cache: none)",
-        factory=default_compile_cache, metavar="DIR")
+        factory=default_compile_cache, metavar="DIR", resumable=True)
 
     def __post_init__(self):
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
@@ -383,14 +408,23 @@ def _name_metavars(*settings_classes) -> None:
     """Each flag's value is shown by its field's name (--steps STEPS), as argparse
     shows its own flags; booleans and choices show what they take."""
     for cls in settings_classes:
+        types = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
             custom_args = field.metadata["custom_args"]
-            if "choices" not in custom_args and "Literal" not in str(field.type) and \
-                    str(field.type) != "bool":
+            if "choices" not in custom_args and typing.get_origin(types[field.name]) is not \
+                    typing.Literal and types[field.name] is not bool:
                 custom_args.setdefault("metavar", field.name.upper())
 
 
 _name_metavars(DataSettings, ModelSettings, TrainSettings)
+
+
+# The settings a resumed run may change (`resumable` fields); --init-from's directory
+# may move: its fingerprint, recorded as "init_from_fingerprint", must match. So may
+# --data's: the data's fingerprint, saved with each checkpoint's data position, must.
+RESUMABLE_CHANGES = frozenset(field.name for cls in (DataSettings, ModelSettings, TrainSettings)
+                              for field in dataclasses.fields(cls)
+                              if field.metadata["resumable"])
 
 
 class RunSettings(NamedTuple):

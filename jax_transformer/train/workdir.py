@@ -21,7 +21,8 @@ from pathlib import Path
 
 import filelock
 
-from jax_transformer.train.settings import RunSettings, TrainError
+from jax_transformer.train import run_args
+from jax_transformer.train.settings import RESUMABLE_CHANGES, RunSettings, TrainError
 from jax_transformer.train.tensorboard import TensorBoardLog
 from transformer_core.checkpoint_dir import write_atomically
 
@@ -30,43 +31,11 @@ RUN_ARGS_FILE = "run_args.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-# Settings that only steer how long / how visibly a run goes; the others must
-# match when a work directory is resumed. (--init-from's directory may move: its
-# fingerprint, recorded by the run as "init_from_fingerprint", must match. So may --data's:
-# the data's fingerprint, saved with each checkpoint's data position, must match.)
-RESUMABLE_CHANGES = frozenset({"workdir", "steps", "eval_every", "log_every", "checkpoint_every",
-                               "keep", "beam", "decode_batch_size", "samples", "temperature",
-                               "distributed", "coordinator_address", "num_processes",
-                               "process_id", "peer_timeout", "quiet", "tensorboard",
-                               "compile_cache", "time_budget", "init_from", "scan_layers",
-                               "scan_unroll", "cpu_devices", "data"})
-# Settings added after run_args.json files were first written: a file without one was
-# written by a run that used this value, so it resumes.
-ADDED_SETTINGS = {"activation": "relu", "position_layout": "interleaved", "task": "translate",
-                  "text_path": None, "layer_norm_eps": 1e-5, "scale_embeddings": True,
-                  "position_encoding": "sinusoidal", "position_offset": 0,
-                  "share_embeddings": True, "tie_output": True, "output_bias": False,
-                  "lr_schedule": "paper", "lr": 5e-5, "freeze": "none",
-                  "init_from_fingerprint": None, "src_lang_code": None, "tgt_lang_code": None}
-
-
 def recorded_settings(settings: RunSettings) -> dict:
     """What run_args.json holds: every setting a resumed run must repeat, flat."""
     values = {**dataclasses.asdict(settings.data), **dataclasses.asdict(settings.model),
               **dataclasses.asdict(settings.train)}
     return {k: v for k, v in values.items() if k not in RESUMABLE_CHANGES}
-
-
-def upgrade_recorded(saved: dict) -> dict:
-    """A run_args.json in today's names: --heads and --layers were the model flags
-    before they became TransformerConfig's fields, and settings added since take the
-    values those runs used."""
-    saved = dict(saved)
-    if "heads" in saved:
-        saved["num_heads"] = saved.pop("heads")
-    if "layers" in saved:
-        saved["num_encoder_layers"] = saved["num_decoder_layers"] = saved.pop("layers")
-    return {**ADDED_SETTINGS, **saved}
 
 
 def open_workdir(path: str | os.PathLike) -> tuple[Path, filelock.BaseFileLock]:
@@ -102,7 +71,7 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
         except json.JSONDecodeError as e:
             raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
                              "--workdir") from None
-        saved = upgrade_recorded(saved)
+        saved = run_args.upgrade(saved)
         check_init_from(workdir, saved.get(FINGERPRINT), settings.get(FINGERPRINT))
         changed = sorted(k for k in settings if saved.get(k) != settings[k])
         if changed:

@@ -3,6 +3,7 @@ bad data, compilation count, bf16, and the export running in torch_reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +34,8 @@ from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.workdir import ADDED_SETTINGS, check_run_settings, recorded_settings
+from jax_transformer.train.run_args import ADDED_SETTINGS
+from jax_transformer.train.workdir import check_run_settings, recorded_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
 
@@ -116,6 +119,30 @@ def test_presets_give_the_paper_s_sizes(tmp_path):
     assert (big.d_model, big.num_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.1)
     tiny = train_command.parse_args([]).model
     assert (tiny.d_model, tiny.num_heads, tiny.d_ff, tiny.num_encoder_layers) == (128, 4, 512, 3)
+
+
+def test_the_model_settings_are_the_config_s_fields():
+    """ModelSettings is written out field by field: every TransformerConfig field the
+    data do not decide is a model flag, of the same type and with the same help."""
+    config_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    model_fields = {f.name: f for f in dataclasses.fields(settings.ModelSettings)}
+    assert set(model_fields) == set(config_fields) - set(settings.DERIVED_MODEL_FIELDS)
+    config_types = typing.get_type_hints(TransformerConfig)
+    model_types = typing.get_type_hints(settings.ModelSettings)
+    for name, field in model_fields.items():
+        assert model_types[name] == config_types[name], name
+        assert field.metadata["help"] == config_fields[name].metadata["help"], name
+
+
+def test_a_resumable_setting_is_left_out_of_run_args(tmp_path):
+    """Settings marked resumable where they are defined may change on resume: they are
+    not recorded; the others are."""
+    values = recorded(tmp_path)
+    assert "steps" not in values and "workdir" not in values and "data" not in values
+    assert {"d_model", "seed", "max_tokens", "lr_schedule"} <= set(values)
+    check_run_settings(tmp_path, recorded(tmp_path), resuming=False)
+    check_run_settings(tmp_path, recorded(tmp_path, "--steps", "9", "--eval-every", "3"),
+                       resuming=True)
 
 
 def test_a_run_args_json_from_before_the_config_vocabulary_resumes(tmp_path):
