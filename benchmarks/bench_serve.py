@@ -8,8 +8,8 @@ exported with `jaxformer-port --to ctranslate2` into a temporary directory, tran
 the first --sentences lines of --src-path, text in and text out, greedy and with beam
 --beam, in four systems:
 
-    jax            jax_transformer.translator.translate_lines: the jit-compiled searches
-                   with the key/value cache, batches sorted by length
+    jax            jax_transformer.applications.translator.translate_lines: the jit-compiled
+                   searches with the key/value cache, batches sorted by length
     ct2_float32    ctranslate2.Translator(compute_type="float32"), the same batches size
     ct2_int8       the same model directory loaded with compute_type="int8": weights
                    quantized at load time
@@ -77,7 +77,7 @@ def systems(args, ct2_dir: Path, max_len: int) -> dict:
     pieces, then </s> (which CTranslate2 appends)."""
     import ctranslate2
 
-    from jax_transformer import translator
+    from jax_transformer.applications import translator
     model, tokenizer = translator.load(args.checkpoint, "jax")
     sp, longest = tokenizer.sp, model.config.max_len - 1
 

@@ -344,7 +344,7 @@ def test_trained_model_generates_our_tokens(trained):
 @pytest.mark.slow
 def test_a_trained_model_translates_alike_in_both_frameworks(trained):
     """A train.py run's export: the same greedy translations from Flax and torch_reference."""
-    from jax_transformer import translator
+    from jax_transformer.applications import translator
     from jax_transformer.model import Transformer as FlaxTransformer
     ours_dir, _ = trained
     tokenizer = Tokenizer(ours_dir / "tokenizer.model")

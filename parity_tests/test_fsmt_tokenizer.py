@@ -21,7 +21,7 @@ import pytest
 import sacremoses
 import torch
 
-from jax_transformer import parity
+from jax_transformer.applications import parity
 from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import translate as translate_command

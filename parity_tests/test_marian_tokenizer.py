@@ -160,7 +160,7 @@ def translate_file(checkpoint, lines, tmp_path, capsys, *flags):
 
 def test_translate_takes_a_language_code_at_the_start_of_each_line(marian_checkpoint, theirs,
                                                                    tmp_path, capsys):
-    from jax_transformer import translator
+    from jax_transformer.applications import translator
     _, tokenizer = translator.load(marian_checkpoint, "torch")
     for text in (">>fra<< the quick fox", ">>deu<<the lazy dog", "the dog"):
         assert translator.source_ids(tokenizer, text, 1) == theirs(text)["input_ids"], text

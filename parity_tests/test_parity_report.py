@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torch_reference
-from jax_transformer import parity, pretrained
+from jax_transformer import pretrained
+from jax_transformer.applications import parity
 from jax_transformer.commands import parity as parity_command
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer

@@ -222,7 +222,7 @@ def test_marian_tokenizer_files_are_copied_and_used(tmp_path):
     assert ids[-1] == EOS and all(0 <= i < 100 for i in ids)
     assert ids[:-1] == [vocab.get(p, 1) for p in proc.encode("the lazy fox", out_type=str)]
     assert tok.decode(ids) == "the lazy fox"
-    from jax_transformer import parity  # the parity report tokenizes with these files
+    from jax_transformer.applications import parity  # the parity report tokenizes with these files
     config = TransformerConfig.from_json(out_dir / "config.json")
     src, tgt = parity.sentence_batch(out_dir, config, ["the lazy fox"])
     assert src[0].tolist() == ids and tgt[0].tolist() == [PAD] + ids[:-1]

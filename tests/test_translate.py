@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torch_reference
-from jax_transformer import TransformerConfig, translator
+from jax_transformer import TransformerConfig
+from jax_transformer.applications import translator
 from jax_transformer.commands import translate
 from transformer_core.tokenizer import Tokenizer
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from jax_transformer.commands import exit_codes
-from jax_transformer.generator import GenerateError, generate, load
+from jax_transformer.applications.generator import GenerateError, generate, load
 from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import split_lines
 

@@ -1,5 +1,5 @@
 """jaxformer-parity: the layer-by-layer parity report of one checkpoint, both frameworks,
-the same batch (jax_transformer.parity); exit code 1 when any tensor is over its
+the same batch (jax_transformer.applications.parity); exit code 1 when any tensor is over its
 tolerance, so the report can gate CI.
 
     jaxformer-parity CHECKPOINT_DIR [--sentences FILE]
@@ -12,9 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from jax_transformer.applications.parity import (DEFAULT_TOLERANCE, DTYPES, generated_batch,
+                                                 print_reports, run, sentence_batch)
 from jax_transformer.commands import exit_codes
-from jax_transformer.parity import (DEFAULT_TOLERANCE, DTYPES, generated_batch, print_reports,
-                                    run, sentence_batch)
 from transformer_core import checkpoint_dir
 from transformer_core.errors import InputError
 from transformer_core.text import split_lines

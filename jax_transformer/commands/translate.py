@@ -33,8 +33,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from jax_transformer.applications.translator import (TranslateError, load, set_languages,
+                                                     translate_lines)
 from jax_transformer.commands import exit_codes
-from jax_transformer.translator import TranslateError, load, set_languages, translate_lines
 from transformer_core import checkpoint_dir
 from transformer_core.generation import check_alpha
 from transformer_core.text import split_lines

@@ -11,7 +11,7 @@ from typing import Callable
 import jax.numpy as jnp
 import numpy as np
 
-from jax_transformer import translator
+from jax_transformer.applications import translator
 from jax_transformer.model import Transformer
 from jax_transformer.train import evaluation, plots
 from jax_transformer.train.settings import TrainSettings

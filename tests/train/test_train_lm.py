@@ -11,7 +11,8 @@ import pytest
 
 from flax import nnx
 
-from jax_transformer import generator, lm_decoding
+from jax_transformer import lm_decoding
+from jax_transformer.applications import generator
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.commands import translate as translate_command
