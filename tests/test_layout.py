@@ -20,8 +20,6 @@ LONG_FUNCTIONS = {
         "a table: one line per torch.nn.Transformer tensor and its name in ours",
     "jax_transformer.port.torch_nn_encoder.torch_nn_encoder_tensors":
         "a table: one line per torch.nn.TransformerEncoder tensor and its name in ours",
-    "jax_transformer.commands.port.convert":
-        "the converters' dispatch, until port/ becomes a registry (issue 41)",
 }
 
 

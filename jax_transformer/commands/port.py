@@ -22,7 +22,7 @@ from pathlib import Path
 from jax_transformer.commands import exit_codes
 from jax_transformer.port import ctranslate2
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
-from jax_transformer.port.hf_export import TARGETS, export_hf_marian
+from jax_transformer.port.hf_export import export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
 from jax_transformer.port.reading import PortError
@@ -32,12 +32,29 @@ from jax_transformer.port.torch_nn_encoder import (ARCHITECTURES, POSITIONS,
                                                    TORCH_NN_ENCODER_DEFAULTS,
                                                    convert_torch_nn_encoder)
 
-SOURCES = ("hf-marian", "hf-fsmt", "hf-m2m100", "torch-nn-transformer", "torch-nn-encoder",
-           "torch-reference", "jax-orbax")
-EXPORT_TARGETS = (*TARGETS, ctranslate2.TARGET)
 # The torch.nn sources' mapping fields (flags under the same names, dashed).
 TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
                   "torch-nn-encoder": TORCH_NN_ENCODER_DEFAULTS}
+# --from NAME: the converter, given the parsed flags; it writes OUT and returns the config.
+IMPORTS = {
+    "hf-marian": lambda args: convert_hf_marian(args.src, args.out),
+    "hf-fsmt": lambda args: convert_hf_fsmt(args.src, args.out),
+    "hf-m2m100": lambda args: convert_hf_m2m100(args.src, args.out),
+    "torch-nn-transformer": lambda args: convert_torch_nn_transformer(args.src, args.out,
+                                                                      torch_nn_spec(args)),
+    "torch-nn-encoder": lambda args: convert_torch_nn_encoder(args.src, args.out,
+                                                              torch_nn_spec(args)),
+    "torch-reference": lambda args: convert_torch_reference(args.src, args.out, args.config,
+                                                            args.tokenizer),
+    "jax-orbax": lambda args: convert_jax_orbax(args.src, args.out, args.step, args.tokenizer),
+}
+# --to NAME: the exporter, given our checkpoint directory and OUT; returns what it wrote.
+EXPORTS = {
+    "hf-marian": lambda src, out: "(Marian, tokenizer {1}): {0}".format(
+        *export_hf_marian(src, out)),
+    ctranslate2.TARGET: lambda src, out: "(CTranslate2, tokenizer copied): {}".format(
+        ctranslate2.export_ctranslate2(src, out)),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     return exit_codes.run(convert, argv)
 
 
-def convert(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """jaxformer-port's command line: the direction, SRC and OUT, and each source's flags."""
     parser = argparse.ArgumentParser(
         prog="jaxformer-port",
         description="Convert a checkpoint into our directory format (config.json + "
@@ -56,9 +74,9 @@ def convert(argv: list[str] | None = None) -> int:
                     "--to ctranslate2 writes a ctranslate2.Translator model directory with our "
                     "tokenizer beside it (needs pip install 'jax-transformer[serve]').")
     direction = parser.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--from", dest="source", choices=SOURCES,
+    direction.add_argument("--from", dest="source", choices=tuple(IMPORTS),
                            help="convert SRC from this format into our directory format")
-    direction.add_argument("--to", dest="target", choices=EXPORT_TARGETS,
+    direction.add_argument("--to", dest="target", choices=tuple(EXPORTS),
                            help="export SRC, our checkpoint directory (config.json, "
                                 "model.safetensors, tokenizer.model), to this format")
     parser.add_argument("src", help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
@@ -69,9 +87,15 @@ def convert(argv: list[str] | None = None) -> int:
     g.add_argument("--config", help="torch-reference: our config.json for the state dict")
     g.add_argument("--tokenizer", help="a SentencePiece model to copy as tokenizer.model")
     g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
-    g = parser.add_argument_group(
+    add_torch_nn_arguments(parser.add_argument_group(
         "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
-        "torch.nn and the PyTorch translation / language-modelling tutorials)")
+        "torch.nn and the PyTorch translation / language-modelling tutorials)"))
+    return parser
+
+
+def add_torch_nn_arguments(g) -> None:
+    """The torch.nn sources' flags: where their tensors are (the mapping) and what the
+    state dict cannot say (heads, activation, norms, positions, special ids)."""
     g.add_argument("--mapping", help="JSON file with any of the mapping fields: "
                    + "; ".join(f"{source}: {', '.join(fields)}"
                                for source, fields in TORCH_NN_SPECS.items()))
@@ -106,34 +130,16 @@ def convert(argv: list[str] | None = None) -> int:
     g.add_argument("--pad-id", type=int)
     g.add_argument("--bos-id", type=int)
     g.add_argument("--eos-id", type=int)
-    args = parser.parse_args(argv)
+
+
+def convert(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if Path(args.out).resolve() == Path(args.src).resolve():  # the output replaces OUT whole
         raise PortError(f"the output directory {args.out} is the source: choose another")
-
-    if args.target == "hf-marian":
-        config, tokenizer = export_hf_marian(args.src, args.out)
-        print(f"wrote {args.out} (Marian, tokenizer {tokenizer}): {config}")
-        return 0
-    if args.target == ctranslate2.TARGET:
-        config = ctranslate2.export_ctranslate2(args.src, args.out)
-        print(f"wrote {args.out} (CTranslate2, tokenizer copied): {config}")
-        return 0
-    if args.source == "hf-marian":
-        config = convert_hf_marian(args.src, args.out)
-    elif args.source == "hf-fsmt":
-        config = convert_hf_fsmt(args.src, args.out)
-    elif args.source == "hf-m2m100":
-        config = convert_hf_m2m100(args.src, args.out)
-    elif args.source in TORCH_NN_SPECS:
-        spec = torch_nn_spec(args)
-        convert_torch_nn = (convert_torch_nn_transformer if args.source == "torch-nn-transformer"
-                            else convert_torch_nn_encoder)
-        config = convert_torch_nn(args.src, args.out, spec)
-    elif args.source == "torch-reference":
-        config = convert_torch_reference(args.src, args.out, args.config, args.tokenizer)
+    if args.target is not None:
+        print(f"wrote {args.out} {EXPORTS[args.target](args.src, args.out)}")
     else:
-        config = convert_jax_orbax(args.src, args.out, args.step, args.tokenizer)
-    print(f"wrote {args.out}: {config}")
+        print(f"wrote {args.out}: {IMPORTS[args.source](args)}")
     return 0
 
 
