@@ -289,7 +289,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.peer_malloc == "kept" and not host_memory.keep_freed_memory():  # before torch's threads
         raise SystemExit("error: --peer-malloc kept needs glibc, no malloc setting in "
-                         f"GLIBC_TUNABLES and no {host_memory.ENVIRONMENT_VARIABLE}=0")
+                         f"GLIBC_TUNABLES, no {host_memory.ENVIRONMENT_VARIABLE}=0, and a "
+                         "CPU run (JAX_PLATFORMS=cpu where an accelerator plugin is installed)")
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="race-"))

@@ -3,6 +3,7 @@ block freed by a thread is reused by the next allocation, not faulted in again."
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from jax_transformer.train import host_memory
 from jax_transformer.train.host_memory import ENVIRONMENT_VARIABLE, wanted
 from tests.train.runs import REPO_ROOT
 
@@ -42,10 +44,10 @@ BLOCK_PAGES = 100 * 2 ** 20 // 4096  # 25,600
 
 
 def faults_after(setup: str, environ: dict) -> int:
-    """In a new process: `setup`, then FRESH_BLOCK_FAULTS, with malloc's settings from
-    `environ` only (none the test's own environment may carry)."""
+    """In a new process on the CPU: `setup`, then FRESH_BLOCK_FAULTS, with malloc's
+    settings from `environ` only (none the test's own environment may carry)."""
     inherited = {k: v for k, v in os.environ.items()
-                 if k not in (ENVIRONMENT_VARIABLE, "GLIBC_TUNABLES")}
+                 if k not in (ENVIRONMENT_VARIABLE, "GLIBC_TUNABLES")} | {"JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, "-c", setup + FRESH_BLOCK_FAULTS], cwd=REPO_ROOT,
                             env={**inherited, **environ}, capture_output=True, text=True,
                             timeout=300)
@@ -59,10 +61,25 @@ def faults_after(setup: str, environ: dict) -> int:
     ({ENVIRONMENT_VARIABLE: "1"}, True),
     ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, False),         # the user's malloc
     ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=512"}, True),  # not malloc's
+    ({"JAX_PLATFORMS": "cuda"}, False),                              # device memory
+    ({"JAX_PLATFORMS": "tpu,cpu"}, False),
+    ({"JAX_PLATFORMS": "cpu"}, True),
 ])
 @glibc_only
 def test_glibc_is_set_unless_the_environment_says_otherwise(environ, expected):
-    assert wanted(environ) is expected
+    assert wanted({"JAX_PLATFORMS": "cpu", **environ}) is expected
+
+
+@glibc_only
+def test_an_installed_accelerator_plugin_leaves_malloc_alone(monkeypatch):
+    """Without JAX_PLATFORMS, an installed plugin (jax-cuda13-plugin's entry point)
+    means a GPU run; none, a CPU run."""
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    assert not host_memory.accelerator_expected({})
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: ["xla_cuda13"] if group == "jax_plugins" else [])
+    assert host_memory.accelerator_expected({})
+    assert not wanted({})
 
 
 KEEP = """
