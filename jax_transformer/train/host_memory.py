@@ -32,6 +32,7 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import os
+import pkgutil
 import platform
 from typing import Mapping
 
@@ -51,12 +52,16 @@ def wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 def accelerator_expected(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether JAX will run on an accelerator, told before it starts: the first of
-    JAX_PLATFORMS, or without it, an accelerator's plugin installed (the jax_plugins
-    entry points of CUDA and ROCm, libtpu)."""
+    JAX_PLATFORMS, or without it, an accelerator's plugin installed where JAX looks
+    for one (CUDA's and ROCm's: a jax_plugins entry point or a module of the
+    jax_plugins namespace package; TPUs': libtpu)."""
     platforms = environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
     if platforms:
         return platforms != "cpu"
+    namespace = importlib.util.find_spec("jax_plugins")
     return (bool(importlib.metadata.entry_points(group="jax_plugins"))
+            or (namespace is not None
+                and any(pkgutil.iter_modules(namespace.submodule_search_locations)))
             or importlib.util.find_spec("libtpu") is not None)
 
 

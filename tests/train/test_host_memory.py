@@ -82,6 +82,18 @@ def test_an_installed_accelerator_plugin_leaves_malloc_alone(monkeypatch):
     assert not wanted({})
 
 
+@glibc_only
+def test_a_plugin_in_the_jax_plugins_namespace_leaves_malloc_alone(monkeypatch, tmp_path):
+    """JAX's other way of finding a plugin: a module under the jax_plugins namespace
+    package, without an entry point."""
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [])
+    (tmp_path / "jax_plugins" / "xla_some_gpu").mkdir(parents=True)
+    (tmp_path / "jax_plugins" / "xla_some_gpu" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert host_memory.accelerator_expected({})
+    assert not host_memory.accelerator_expected({"JAX_PLATFORMS": "cpu"})
+
+
 KEEP = """
 from jax_transformer.train.host_memory import keep_freed_memory
 assert keep_freed_memory()
