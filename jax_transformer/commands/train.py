@@ -36,9 +36,9 @@ from jax_transformer.commands import exit_codes
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
-                                            TASK_DEFAULTS, DataSettings,
-                                            ModelSettings, RunSettings, TrainError,
-                                            TrainSettings, from_prepared)
+                                            TASK_DEFAULTS, DataSettings, ModelSettings,
+                                            RunSettings, TrainError, TrainSettings,
+                                            from_prepared)
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -127,7 +127,7 @@ def make_optimizer(schedule, clip_norm: float | None = None) -> optax.GradientTr
     return adam
 
 
-def build_trainer(config, settings, weights: dict | None = None) -> "Trainer":
+def build_trainer(config, settings, weights: dict | None = None) -> Trainer:
     """train.py's Trainer for `config` and its TrainSettings: the model in --dtype
     compute over float32 parameters (`weights`, torch-named arrays, loaded when
     given), its layer stacks scanned as --scan-layers says, and the optimizer of
