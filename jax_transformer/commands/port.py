@@ -49,12 +49,16 @@ IMPORTS = {
     "jax-orbax": lambda args: convert_jax_orbax(args.src, args.out, args.step, args.tokenizer),
 }
 # --to NAME: the exporter, given our checkpoint directory and OUT; returns what it wrote.
-EXPORTS = {
-    "hf-marian": lambda src, out: "(Marian, tokenizer {1}): {0}".format(
-        *export_hf_marian(src, out)),
-    ctranslate2.TARGET: lambda src, out: "(CTranslate2, tokenizer copied): {}".format(
-        ctranslate2.export_ctranslate2(src, out)),
-}
+def to_marian(src: str, out: str) -> str:
+    config, tokenizer = export_hf_marian(src, out)
+    return f"(Marian, tokenizer {tokenizer}): {config}"
+
+
+def to_ctranslate2(src: str, out: str) -> str:
+    return f"(CTranslate2, tokenizer copied): {ctranslate2.export_ctranslate2(src, out)}"
+
+
+EXPORTS = {"hf-marian": to_marian, ctranslate2.TARGET: to_ctranslate2}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,8 @@ import dataclasses
 import math
 import os
 import re
-import typing
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 
 from jax_transformer.train.run_args import OLD_FLAGS
 from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
@@ -408,11 +407,11 @@ def _name_metavars(*settings_classes) -> None:
     """Each flag's value is shown by its field's name (--steps STEPS), as argparse
     shows its own flags; booleans and choices show what they take."""
     for cls in settings_classes:
-        types = typing.get_type_hints(cls)
+        types = get_type_hints(cls)
         for field in dataclasses.fields(cls):
             custom_args = field.metadata["custom_args"]
-            if "choices" not in custom_args and typing.get_origin(types[field.name]) is not \
-                    typing.Literal and types[field.name] is not bool:
+            if ("choices" not in custom_args and get_origin(types[field.name]) is not Literal
+                    and types[field.name] is not bool):
                 custom_args.setdefault("metavar", field.name.upper())
 
 
