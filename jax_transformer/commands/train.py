@@ -172,9 +172,10 @@ def train(argv=None) -> int:
                        test_second_half_match=test["second_half_match"])
     else:
         results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
-                       test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2))
+                       test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2),
+                       test_bleu_signature=test["bleu_signature"])
         if "bleu_note" in test:  # BLEU-4 means nothing on this test set: say why not
-            results["test_bleu_note"] = test["bleu_note"]
+            results.update(test_bleu4=round(test["bleu4"], 2), test_bleu_note=test["bleu_note"])
     start = summary.get("start")
     if start:  # a fine-tuning run: where it started
         results["start_dev_loss"] = round(start["dev"]["loss"], 4)

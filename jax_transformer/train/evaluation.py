@@ -8,8 +8,7 @@ import math
 from typing import Iterator, Sequence
 
 import numpy as np
-import sacrebleu
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from jax_transformer.data.packing import PackedBatches
@@ -56,29 +55,34 @@ def bleu_order(references: Sequence[str]) -> int:
 
 
 def translation_metrics(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
-    """Exact match (whitespace-normalised), corpus sacreBLEU and chrF.
+    """Exact match (whitespace-normalised), corpus sacreBLEU and chrF, each score with
+    sacreBLEU's signature string (how it was computed: tokenizer, smoothing, version).
 
     BLEU counts n-grams of up to 4 words; where most references are shorter it is 0
     (or nearly) for any output, however good: on the built-in number corpus every
     German target is one compound word. So "bleu" counts n-grams only as long as
-    half of the references are ("bleu_order", 4 on real text), and "bleu_note" says
-    so when that is less than 4; chrF (character n-grams) and exact match are the
-    informative scores there.
+    half of the references are ("bleu_order", 4 on real text), and then "bleu4"
+    gives BLEU-4 beside it and "bleu_note" says why; chrF (character n-grams) and
+    exact match are the informative scores there.
     """
     exact = [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hypotheses, references)]
-    hypotheses, references = list(hypotheses), list(references)
-    order = bleu_order(references)
+    hypotheses, references = list(hypotheses), [list(references)]
+    order = bleu_order(references[0])
+    bleu, chrf = BLEU(max_ngram_order=order), CHRF()
     results = {"exact_match": float(np.mean(exact)) if exact else 0.0,
-               "bleu": BLEU(max_ngram_order=order).corpus_score(hypotheses, [references]).score,
+               "bleu": bleu.corpus_score(hypotheses, references).score,
                "bleu_order": order,
-               "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+               "bleu_signature": bleu.get_signature().format(),
+               "chrf": chrf.corpus_score(hypotheses, references).score,
+               "chrf_signature": chrf.get_signature().format(),
                "sentences": len(exact)}
     if order < BLEU_ORDER:
-        short = sum(len(Tokenizer13a()(r).split()) < BLEU_ORDER for r in references)
+        short = sum(len(Tokenizer13a()(r).split()) < BLEU_ORDER for r in references[0])
+        results["bleu4"] = BLEU().corpus_score(hypotheses, references).score
         results["bleu_note"] = (
-            f"bleu is BLEU-{order}, not BLEU-4: {short} of the {len(references)} references "
-            f"have fewer than 4 tokens, and BLEU-4 is 0 where none has 4, whatever the output; "
-            f"judge by exact_match and chrf")
+            f"bleu is BLEU-{order}, not BLEU-4: {short} of the {len(references[0])} "
+            f"references have fewer than 4 tokens, and BLEU-4 (bleu4) is 0 where none has "
+            f"4, whatever the output; judge by exact_match and chrf")
     return results
 
 

@@ -107,11 +107,24 @@ def test_bleu_counts_only_n_grams_the_references_have():
     assert (perfect["bleu_order"], perfect["exact_match"]) == (1, 1.0)
     assert perfect["bleu_note"].startswith("bleu is BLEU-1, not BLEU-4: 4 of the 4 references "
                                            "have fewer than 4 tokens")
+    assert perfect["bleu4"] == 0.0  # BLEU-4 beside the lower order
     sentences = ["the cat sat on the mat", "a dog ran over the hill", "the bird sings", "x"]
     hypotheses = ["the cat sat on a mat", "a dog ran over the hill", "a bird sings", "x"]
     scores = translation_metrics(hypotheses, sentences)
     assert scores["bleu_order"] == 4 and "bleu_note" not in scores
     assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [sentences]).score > 0
+    assert "bleu4" not in scores  # "bleu" is BLEU-4 already
+
+
+def test_every_score_says_how_sacrebleu_computed_it():
+    """Before: eval.json had BLEU and chrF figures without sacreBLEU's signature."""
+    hypotheses, references = ["the cat sat on a mat", "x"], ["the cat sat on the mat", "x"]
+    scores = translation_metrics(hypotheses, references)
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
+    assert scores["bleu_signature"] == bleu.get_signature().format()
+    assert scores["chrf_signature"] == chrf.get_signature().format()
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
 
 
 @pytest.mark.slow
@@ -126,3 +139,5 @@ def test_the_summary_of_a_number_corpus_run_reports_bleu_that_means_something(tm
         assert scores["bleu_note"].startswith("bleu is BLEU-1, not BLEU-4: 40 of the 40 "
                                               "references have fewer than 4 tokens")
     assert test["bleu"] >= 0 and summary["test_bleu"] == round(test["bleu"], 2)
+    assert summary["test_bleu4"] == round(test["bleu4"], 2)
+    assert summary["test_bleu_signature"] == test["bleu_signature"]
