@@ -35,7 +35,8 @@ from simple_parsing import ArgumentParser, DashVariant
 from jax_transformer.commands import exit_codes
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import finetune
-from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS, PRESETS,
+from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
+                                            PRESET_TRAIN_DEFAULTS, PRESETS,
                                             TASK_DEFAULTS, DataSettings, ModelSettings,
                                             RunSettings, TrainError, TrainSettings,
                                             from_prepared)
@@ -90,7 +91,9 @@ def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
     chosen = chosen or pre_parse(argv)
     init = chosen.init
     model_defaults = dict(PRESETS[chosen.preset])
-    data_defaults, finetune_defaults = {"task": chosen.task}, {}
+    data_defaults = {"task": chosen.task}
+    train_defaults = {**TASK_DEFAULTS.get(chosen.task, {}),
+                      **PRESET_TRAIN_DEFAULTS.get(chosen.preset, {})}
     if init is not None:  # DIR's model; a flag given beside it may only repeat it
         if any(arg == "--preset" or arg.startswith("--preset=") for arg in arguments(argv)):
             raise TrainError(f"--preset picks a new model's sizes; --init-from {init.directory} "
@@ -98,7 +101,7 @@ def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
         model_defaults = finetune.model_defaults(init.config)
         data_defaults.update(max_len=init.config.max_len,
                              max_tokens=max(DataSettings.max_tokens, init.config.max_len))
-        finetune_defaults = FINETUNE_DEFAULTS
+        train_defaults = {**TASK_DEFAULTS.get(chosen.task, {}), **FINETUNE_DEFAULTS}
     if chosen.layers is not None:
         model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
     p = ArgumentParser(prog="jaxformer-train", description=__doc__,
@@ -108,9 +111,7 @@ def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
     add_default_choosers(p)
     p.add_arguments(DataSettings, dest="data", default=DataSettings(**data_defaults))
     p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults))
-    p.add_arguments(TrainSettings, dest="train",
-                    default=TrainSettings(**TASK_DEFAULTS.get(chosen.task, {}),
-                                          **finetune_defaults))
+    p.add_arguments(TrainSettings, dest="train", default=TrainSettings(**train_defaults))
     return p
 
 
@@ -133,6 +134,9 @@ def command_line(argv=None) -> tuple[RunSettings, finetune.InitDir | None]:
                              f"tokenizer; --init-from {train.init_from} brings the "
                              "checkpoint's: drop --data, and give the corpus files")
         data = from_prepared(data, chosen.prepared.key["corpus"], data.data)
+    if data.task == "lm" and train.keep_best in ("dev_bleu", "dev_chrf"):
+        raise TrainError(f"--keep-best {train.keep_best} scores translations; a --task lm run "
+                         "keeps the best by dev_loss")
     settings = RunSettings(data, args.model, train)
     if chosen.init is not None:
         finetune.check_settings(settings, chosen.init)

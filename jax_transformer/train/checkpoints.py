@@ -31,7 +31,7 @@ from flax import nnx
 
 from jax_transformer import scanned
 from jax_transformer.model import TokenModel, build_model
-from jax_transformer.train import peers
+from jax_transformer.train import peers, selection
 from jax_transformer.train.step import TrainState
 from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig
@@ -53,8 +53,9 @@ UNFINISHED_SAVE = ".orbax-checkpoint-tmp"  # in the name of a save orbax has not
 
 class Checkpointer:
     def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
-                 clean_up: bool = False):
-        """`clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
+                 clean_up: bool = False, best: str | None = None):
+        """`best`: a metric (train.settings.BEST_METRICS) by which the best checkpoint saved
+        with metrics is kept besides the newest `keep`. `clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
         directories) a killed or failed run left, before anything else (the primary
         process); for the training run, which holds the work directory, never for a
         reader (port, parity) that may look at a directory a run is writing. Done here,
@@ -66,15 +67,22 @@ class Checkpointer:
                 shutil.rmtree(unfinished, ignore_errors=True)
         if clean_up:  # the other processes look at the directory once it is clean
             peers.barrier("unfinished saves removed")
+        if best is not None:  # saves between evaluations have no metrics, as meant
+            logging.getLogger("absl").addFilter(_drop_no_metrics_warning)
         self.manager = ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=async_save))
+                enable_async_checkpointing=async_save, **selection.kept_checkpoints(keep, best)))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, state: TrainState, data_state: dict) -> None:
-        """Save `state` in the per-layer layout, whether or not its layers are scanned."""
+    def best_step(self) -> int | None:
+        """The step of the best checkpoint saved with metrics (`best`), else the newest."""
+        return self.manager.best_step()
+
+    def save(self, state: TrainState, data_state: dict, metrics: dict | None = None) -> None:
+        """Save `state` in the per-layer layout, whether or not its layers are scanned;
+        `metrics` (an evaluation's) rank it for `best`."""
         step = int(state.step)
         params, rngs, opt_state = scanned.map_states(
             scanned.per_layer_state, (state.params, state.rngs, state.opt_state))
@@ -82,7 +90,7 @@ class Checkpointer:
             params=ocp.args.StandardSave(params),
             train=ocp.args.StandardSave({"step": state.step, "rngs": rngs,
                                          "opt_state": opt_state}),
-            data=ocp.args.JsonSave(data_state)), force=True)
+            data=ocp.args.JsonSave(data_state)), metrics=metrics, force=True)
 
     def restore(self, like: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
         """Restore into the structure, dtypes and shardings of `like`, its layer stacks
@@ -231,6 +239,11 @@ def failed_restore_echo(error: BaseException | None) -> bool:
     """Whether an unraisable error repeats a failed restore (drop_failed_restore_echoes)."""
     return (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
             or failed_read(error))
+
+
+def _drop_no_metrics_warning(record: logging.LogRecord) -> bool:
+    """A logging filter: False for orbax's warning that a save has no metrics."""
+    return "did not provide metrics" not in record.getMessage()
 
 
 def _drop_failed_reads(record: logging.LogRecord) -> bool:

@@ -31,6 +31,10 @@ from transformer_core.tokenizer import Tokenizer
 class LanguageModelTask:
     """--task lm (train.task.Task): lines of text, a decoder-only model."""
 
+    def dev_scores(self, model, tokenizer, lines, settings: TrainSettings) -> dict:
+        """None: a language model's dev evaluation is its loss."""
+        return {}
+
     def evaluate_test(self, model: DecoderOnlyTransformer, tokenizer: Tokenizer, lines,
                       settings: TrainSettings, log: Callable[[str], None]) -> dict:
         """Continue each test line from its first half. Returns {"decoding", "test":

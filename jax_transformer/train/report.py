@@ -13,7 +13,7 @@ from jax_transformer.train import compiling, peers
 
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
                     seconds: float, real_tokens: int, seconds_before_training: float,
-                    out_of_time: bool, host_seconds: list[float], data_bytes: int) -> dict:
+                    stopped_by: str, host_seconds: list[float], data_bytes: int) -> dict:
     """host_seconds_per_step: the loop's own work per step (median CPU time of its
     thread), taking the prefetched batch and dispatching the step while the devices
     run the steps before it; its waits for the devices (a batch still being
@@ -32,7 +32,7 @@ def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds
             "host_seconds_per_step": (round(float(np.median(host_seconds)), 4)
                                       if host_seconds else None),
             "seconds_before_training": round(seconds_before_training, 3),
-            "stopped_by": "time_budget" if out_of_time else "steps",
+            "stopped_by": stopped_by,
             "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
                                          or {}).get("peak_bytes_in_use"),
             "train_data_bytes": data_bytes,

@@ -26,11 +26,12 @@ from tqdm import tqdm
 from jax_transformer import scanned, signals
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
-                                   finetune, host_memory, interrupts, plots)
+                                   finetune, host_memory, interrupts, plots, selection)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.report import replicas, training_report
+from jax_transformer.train.selection import Patience
 from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
@@ -103,8 +104,12 @@ class TrainingRun:
             with signals.signal_handlers(signals.exit_at_once(
                     f"stopped during the final export and evaluation; training is saved at "
                     f"step {int(state.step)}; run the same command to finish them")):
-                self.export(state)
-                summary = self.evaluate(state, report)
+                report.update(replicas(state))  # the trained state, before --export's choice
+                exported, export = selection.exported_state(
+                    settings.export, state, self.checkpointer, settings.average_last,
+                    self.trainer.replicated, log)
+                self.export(exported)
+                summary = self.evaluate(exported, report, export)
             summary["train_seconds"] = round(train_seconds, 1)
             return summary
         finally:  # on an error too: orbax's background work (cleaning up unfinished
@@ -118,7 +123,8 @@ class TrainingRun:
         """Check the settings against a resumed run's; prepare the corpus (or reuse its
         preparation), and build the batches, the model and its trainer."""
         settings = self.settings.train
-        self.checkpointer = Checkpointer(self.workdir, keep=settings.keep, clean_up=True)
+        self.checkpointer = Checkpointer(self.workdir, keep=settings.keep, clean_up=True,
+                                         best=settings.keep_best)
         self.resuming = self.checkpointer.latest_step() is not None
         if self.init is None and settings.init_from:
             self.init = finetune.read_init_dir(settings.init_from)
@@ -195,7 +201,10 @@ class TrainingRun:
         metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
                                  tensorboard=self.workdir / TENSORBOARD_DIR
                                  if settings.tensorboard else None)
-        ahead_seconds = self.compile_ahead(state, step)
+        patience = Patience(settings.keep_best, settings.patience,
+                            self.workdir / METRICS_FILE if self.primary else None)
+        finished = patience.spent()  # a resumed run that stopped early: finish it untrained
+        ahead_seconds = 0.0 if finished else self.compile_ahead(state, step)
         updates = Prefetcher(batches, self.trainer.shard_batch, settings.accumulate)
         data_state = batches.get_state()  # the position of the batches trained on so far
         real_tokens, started = 0, time.time()
@@ -209,7 +218,10 @@ class TrainingRun:
                         disable=settings.quiet or not self.primary, dynamic_ncols=True)
         with interrupts.deferred_stops(deadline) as stops, progress, \
                 contextlib.closing(metrics_log), contextlib.closing(updates):
-            self.log_compiled(compiled_before, ahead_seconds, start_step, metrics_log)
+            if finished:
+                stops.stop_early()
+            else:
+                self.log_compiled(compiled_before, ahead_seconds, start_step, metrics_log)
             while step < settings.steps and not stops.agreed(step):
                 began, began_cpu = time.time(), time.thread_time()  # the budget had time left
                 update = next(updates)
@@ -218,18 +230,10 @@ class TrainingRun:
                 real_tokens += update.tokens
                 late.add(step, metrics, update.tokens, began)
                 host_seconds.append(time.thread_time() - began_cpu)
-                evaluate = step % settings.eval_every == 0 or step == settings.steps
-                save = step % settings.checkpoint_every == 0 or step == settings.steps
-                if late.due() or evaluate or save:
-                    loss = self.write_metrics(late, evaluate or save, metrics_log, progress)
-                if evaluate:
-                    self.evaluate_dev(state, step, loss, metrics_log)
-                if save:
-                    checkpointer.save(state, data_state)
-                    self.last_saved = step
+                self.after_step(state, step, data_state, late, (metrics_log, progress),
+                                patience, stops)
             self.write_metrics(late, True, metrics_log, progress)  # before the final save
-            if stops.out_of_time:
-                self.budget_spent(step, start_step, seconds_before_training)
+            self.say_why_stopped(stops, patience, step, start_step, seconds_before_training)
             if step != self.last_saved:  # a signal or the budget between checkpoints
                 checkpointer.save(state, data_state)
             checkpointer.wait()
@@ -240,11 +244,31 @@ class TrainingRun:
         report = training_report(
             self.batches["train"], steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
-            seconds_before_training=seconds_before_training, out_of_time=stops.out_of_time,
+            seconds_before_training=seconds_before_training, stopped_by=stops.stopped_by(),
             host_seconds=host_seconds, data_bytes=self.data.split_bytes("train"))
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")
         return state, report
+
+    def after_step(self, state, step: int, data_state: dict, late: LateMetrics, outputs,
+                   patience: Patience, stops: interrupts.StopRequests) -> None:
+        """What is due after `step`: the metrics read into `outputs` (the metrics log
+        and the progress bar), an evaluation, a checkpoint (with --keep-best, at every
+        evaluation, with its scores); a stop request once --patience has run out."""
+        settings = self.settings.train
+        evaluate = step % settings.eval_every == 0 or step == settings.steps
+        save = (step % settings.checkpoint_every == 0 or step == settings.steps
+                or evaluate and settings.keep_best is not None)
+        if late.due() or evaluate or save:
+            loss = self.write_metrics(late, evaluate or save, *outputs)
+        scores = self.evaluate_dev(state, step, loss, outputs[0]) if evaluate else None
+        if scores and settings.keep_best:
+            patience.add(step, scores[settings.keep_best])
+            if patience.spent():
+                stops.stop_early()
+        if save:
+            self.checkpointer.save(state, data_state, metrics=scores)
+            self.last_saved = step
 
     def restore(self):
         """The state to train from and the training batches' iterator: a resumed run's
@@ -284,12 +308,33 @@ class TrainingRun:
             progress.update(1)
         return read[-1].loss if read else None
 
-    def evaluate_dev(self, state, step: int, loss: float, metrics_log: MetricsLog) -> None:
-        """The dev loss at `step`, written and printed beside the newest training loss."""
+    def evaluate_dev(self, state, step: int, loss: float, metrics_log: MetricsLog) -> dict:
+        """The dev loss at `step` and, translating, BLEU and chrF of the dev set translated
+        (--dev-bleu-sentences), written and printed beside the newest training loss;
+        returns them as --keep-best names them."""
         dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
-        metrics_log.write(step=step, dev_loss=dev["loss"], dev_perplexity=dev["perplexity"])
+        scores = self.task.dev_scores(self.trainer.local_model(state), self.tokenizer,
+                                      self.data.examples("dev"), self.settings.train)
+        self.dev_scores = step, scores
+        translated = {f"dev_{k}": scores[k] for k in ("bleu", "chrf", "decode_seconds")
+                      if k in scores}
+        metrics_log.write(step=step, dev_loss=dev["loss"], dev_perplexity=dev["perplexity"],
+                          **translated)
         log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
-            f"dev perplexity {dev['perplexity']:.3f}")
+            f"dev perplexity {dev['perplexity']:.3f}"
+            + (f", dev BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} ({scores['sentences']} "
+               f"sentences translated in {scores['decode_seconds']:.1f} s)" if scores else ""))
+        return {"dev_loss": dev["loss"], **{k: v for k, v in translated.items()
+                                            if k != "dev_decode_seconds"}}
+
+    def say_why_stopped(self, stops: interrupts.StopRequests, patience: Patience, step: int,
+                        start_step: int, setting_up: float) -> None:
+        """A line when --time-budget or --patience stopped the run (see budget_spent)."""
+        if stops.out_of_time:
+            self.budget_spent(step, start_step, setting_up)
+        if stops.stopped_early:
+            log(f"{patience.reason()}: stopping after step {step}" if self.primary
+                else f"--patience: stopping after step {step}, as process 0 decided")
 
     def budget_spent(self, step: int, start_step: int, setting_up: float) -> None:
         """After --time-budget ran out: a TrainError when it did before the first step of
@@ -352,14 +397,16 @@ class TrainingRun:
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")
 
-    def evaluate(self, state, report: dict) -> dict:
-        """Held-out losses and the task's test evaluation (the test set decoded); writes
-        eval.json (with this process's training `report` and every process's digest of the
-        trained state) and the figures."""
+    def evaluate(self, state, report: dict, export: dict) -> dict:
+        """The exported model's (`state`: --export's choice) held-out losses, dev scores
+        and test evaluation (the test set decoded); writes eval.json (with this process's
+        training `report`, which holds every process's digest of the trained state, and
+        what was exported) and the figures."""
         model = self.trainer.local_model(state)
-        results = {"step": int(state.step), "training": {**report, **replicas(state)}}
+        results = {"step": int(state.step), "export": export, "training": report}
         for split in ("dev", "test"):
             results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
+        results["dev"].update(self.final_dev_scores(model, state, export))
         started = time.time()
         decoded = self.task.evaluate_test(model, self.tokenizer, self.data.examples("test"),
                                           self.settings.train, log)
@@ -376,6 +423,15 @@ class TrainingRun:
             self.task.attention_figure(model, self.tokenizer, results["samples"][0],
                                        self.workdir / "attention.png")
         return results
+
+    def final_dev_scores(self, model, state, export: dict) -> dict:
+        """The exported model's dev BLEU and chrF: the last evaluation's where it judged
+        this model (--export last, trained up to here), else translated now."""
+        step, scores = getattr(self, "dev_scores", (None, None))
+        if export["model"] == "last" and step == int(state.step):
+            return scores
+        return self.task.dev_scores(model, self.tokenizer, self.data.examples("dev"),
+                                    self.settings.train)
 
     def evaluate_start(self) -> dict:
         """A fine-tuning run's starting model before its first step: the held-out losses

@@ -57,6 +57,11 @@ SCHEDULES = ("paper", "constant", "inverse_sqrt")
 FINETUNE_DEFAULTS = {"lr_schedule": "inverse_sqrt", "warmup": 100}
 FREEZE_CHOICES = ("none", "embeddings")
 SCAN_CHOICES = ("auto", "on", "off")  # --scan-layers
+# --keep-best's metrics (metrics.jsonl's names), and whether higher or lower is better.
+BEST_METRICS = {"dev_bleu": "max", "dev_chrf": "max", "dev_loss": "min"}
+EXPORTS = ("last", "best", "average")  # --export
+# The test translation of the paper's models: beam 4, length penalty 0.6 (--alpha's default).
+PRESET_TRAIN_DEFAULTS = {"base": {"beam": 4}, "big": {"beam": 4}}
 
 
 class TrainError(InputError):
@@ -322,13 +327,39 @@ class TrainSettings:
     seed: int = setting(0, "seeds the corpus split, data order, initialisation and dropout "
                            f"(0 to {MAX_SEED})")
     checkpoint_every: int = setting(200, "steps between orbax checkpoints", resumable=True)
-    keep: int = setting(3, "checkpoints kept", resumable=True)
-    eval_every: int = setting(200, "steps between held-out loss evaluations", resumable=True)
+    keep: int = setting(3, "checkpoints kept (the newest)", resumable=True)
+    eval_every: int = setting(200, "steps between evaluations: the dev loss, and dev BLEU and "
+                                   "chrF (--dev-bleu-sentences)", resumable=True)
+    dev_bleu_sentences: int = setting(
+        1000, "translation: dev sentences (the first N) translated at each evaluation with "
+              "the test translation's search, for dev BLEU and chrF; 0 = none", metavar="N",
+        resumable=True)
+    keep_best: str | None = setting(
+        None, "also keep the checkpoint with the best METRIC (dev_loss, or dev_bleu or "
+              "dev_chrf of a translation run) besides the newest --keep ones; each evaluation "
+              "then saves a checkpoint", choices=tuple(BEST_METRICS), metavar="METRIC",
+        resumable=True)
+    patience: int | None = setting(
+        None, "stop once --keep-best's metric has not improved for N evaluations in a row "
+              "(every process after the same step); the run is saved, exported and "
+              "evaluated, and the same command again finishes it without training",
+        metavar="N", resumable=True)
+    export: str = setting(
+        "last", "the model WORKDIR/export holds, and the final evaluation judges: last: the "
+                "trained one; best: --keep-best's checkpoint; average: the mean of the newest "
+                "--average-last checkpoints (the paper's)", choices=EXPORTS, resumable=True)
+    average_last: int = setting(5, "--export average: how many of the newest checkpoints "
+                                   "(the paper: 5 for base models, 20 for big); --keep must be "
+                                   "at least this", metavar="N", resumable=True)
     log_every: int = setting(1, "steps between reads of the training metrics (loss, gradient "
                                 "norm) from the devices; each read waits only for the step "
                                 "before the one just started, so the devices never idle on it",
                                 resumable=True)
-    beam: int = setting(1, "beam size for the final test translation; 1 = greedy", resumable=True)
+    beam: int = setting(1, "beam size of the test (and dev BLEU) translation; 1 = greedy "
+                           "(default 1; 4 with --preset base or big, the paper's)",
+                        resumable=True)
+    alpha: float = setting(0.6, "beam search's length penalty ((5 + length) / 6) ** alpha "
+                                "(GNMT's; the paper's 0.6)", resumable=True)
     decode_batch_size: int = setting(250, "sentences per batch when translating the test set",
                                      resumable=True)
     samples: int = setting(5, "sample translations (or continuations) printed at the end",
@@ -365,7 +396,7 @@ class TrainSettings:
 
     def __post_init__(self):
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "log_every", "beam", "decode_batch_size", "scan_unroll"):
+                     "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.cpu_devices is None or self.cpu_devices >= 1,
@@ -396,11 +427,37 @@ class TrainSettings:
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
         require(self.peer_timeout > 0, f"--peer-timeout must be positive (seconds), "
                                        f"got {self.peer_timeout}")
+        self.check_selection()
         coordinates = [flag(name) for name in ("coordinator_address", "num_processes",
                                                "process_id") if getattr(self, name) is not None]
         require(self.distributed or not coordinates,
                 f"{' '.join(coordinates)} place this process in a distributed run: add "
                 "--distributed")
+
+    def check_selection(self) -> None:
+        """--keep-best, --patience, --export, --average-last and the dev translation."""
+        require(self.dev_bleu_sentences >= 0, f"--dev-bleu-sentences must be 0 (none) or "
+                                              f"more, got {self.dev_bleu_sentences}")
+        require(0 <= self.alpha < math.inf, f"--alpha must be a number >= 0 (0: no length "
+                                            f"penalty), got {self.alpha}")
+        require(self.keep_best is None or self.keep_best in BEST_METRICS,
+                f"--keep-best must be one of {', '.join(BEST_METRICS)}, got {self.keep_best!r}")
+        require(self.patience is None or self.patience >= 1,
+                f"--patience must be at least 1, got {self.patience}")
+        require(self.patience is None or self.keep_best,
+                f"--patience {self.patience} counts evaluations without improvement of "
+                f"--keep-best's metric: give --keep-best {' | '.join(BEST_METRICS)}")
+        require(self.export in EXPORTS, f"--export must be one of {', '.join(EXPORTS)}, "
+                                        f"got {self.export!r}")
+        require(self.export != "best" or self.keep_best,
+                f"--export best exports --keep-best's checkpoint: give --keep-best "
+                f"{' | '.join(BEST_METRICS)}")
+        require(self.export != "average" or self.keep >= self.average_last,
+                f"--export average averages the newest --average-last {self.average_last} "
+                f"checkpoints: --keep must be at least {self.average_last}, got {self.keep}")
+        require(self.keep_best not in ("dev_bleu", "dev_chrf") or self.dev_bleu_sentences,
+                f"--keep-best {self.keep_best} needs the dev set translated: "
+                "--dev-bleu-sentences must be at least 1")
 
 
 def _name_metavars(*settings_classes) -> None:

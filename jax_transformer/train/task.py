@@ -25,6 +25,11 @@ class Task(Protocol):
                       settings: TrainSettings, log: Log) -> dict:
         """{"decoding": how, "test": figures, "samples": the first few outputs}."""
 
+    def dev_scores(self, model, tokenizer: Tokenizer, examples: Sequence,
+                   settings: TrainSettings) -> dict:
+        """Scores of the dev set decoded at an evaluation besides its loss ({} for none):
+        "bleu", "chrf" and their signatures, "decode_seconds"."""
+
     def attention_figure(self, model, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
         """A heatmap of the last layer's attention over one sample."""
 

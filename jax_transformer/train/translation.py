@@ -5,6 +5,7 @@ It implements train.task.Task.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -27,17 +28,29 @@ class TranslationTask:
         """Translate the test sources: {"decoding", "test": exact match, BLEU and chrF,
         "samples": the first few translations}."""
         sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-        hypotheses = translator.translate_lines(sources, model, tokenizer, beam=settings.beam,
-                                               batch_size=settings.decode_batch_size)
+        hypotheses = translate(sources, model, tokenizer, settings)
         samples = [{"source": s, "reference": r, "translation": h}
                    for s, r, h in zip(sources[: settings.samples], references, hypotheses)]
         for sample in samples:
             mark = "ok " if sample["translation"] == sample["reference"] else "   "
             log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
                 f" (reference {sample['reference']!r})")
-        return {"decoding": f"beam {settings.beam}" if settings.beam > 1 else "greedy",
+        return {"decoding": search_name(settings),
                 "test": evaluation.translation_metrics(hypotheses, references), "samples": samples}
 
+    def dev_scores(self, model: Transformer, tokenizer: Tokenizer, pairs,
+                   settings: TrainSettings) -> dict:
+        """The first --dev-bleu-sentences dev pairs translated as the test set is: BLEU
+        and chrF (with their signatures) and the seconds it took; {} for none."""
+        pairs = pairs[: settings.dev_bleu_sentences]
+        if not pairs:
+            return {}
+        started = time.perf_counter()
+        hypotheses = translate([s for s, _ in pairs], model, tokenizer, settings)
+        scores = evaluation.translation_metrics(hypotheses, [t for _, t in pairs])
+        return {**{k: scores[k] for k in ("bleu", "bleu_order", "bleu_signature", "chrf",
+                                          "chrf_signature", "sentences")},
+                "decode_seconds": round(time.perf_counter() - started, 2)}
 
     def attention_figure(self, model: Transformer, tokenizer: Tokenizer, sample: dict, path: Path) -> None:
         """The last decoder layer's cross-attention while it reads a sample's translation."""
@@ -51,6 +64,17 @@ class TranslationTask:
                                 piece_names(tokenizer, src_ids[0], "source"),
                                 piece_names(tokenizer, tgt_ids[0], "target"), path,
                                 f"last decoder layer's cross-attention: {sample['source']!r}")
+
+
+def translate(sources: list[str], model: Transformer, tokenizer: Tokenizer,
+              settings: TrainSettings) -> list[str]:
+    """The run's search (--beam, --alpha) over `sources`."""
+    return translator.translate_lines(sources, model, tokenizer, beam=settings.beam,
+                                      alpha=settings.alpha, batch_size=settings.decode_batch_size)
+
+
+def search_name(settings: TrainSettings) -> str:
+    return f"beam {settings.beam}, alpha {settings.alpha:g}" if settings.beam > 1 else "greedy"
 
 
 def piece_names(tokenizer, token_ids, side: str) -> list[str]:
