@@ -206,6 +206,35 @@ def test_beam_jax_equals_torch(models, alpha):
     assert (np.diff(scores, axis=1) <= 0).all()  # best beam first
 
 
+@pytest.mark.parametrize("alpha", fast_tier([0.6, 0.0], fast={0.6}))
+def test_every_beam_scores_its_forced_decoding_log_probability(models, alpha):
+    """jaxformer-translate --nbest prints every beam with its score: in both frameworks,
+    each finished beam's score is the log-probability the model gives its tokens when
+    forced to decode them (the full forward, no cache), divided by the length penalty."""
+    model, torch_model = models
+    src, eval_model = source_batch(), nnx.view(model, deterministic=True)  # dropout off
+    for tokens, scores, forward in (
+            (*jax_decoding.beam_search(model, src, max_len=MAX_LEN, beam_size=BEAM, alpha=alpha),
+             lambda s, t: np.asarray(eval_model(jnp.asarray(s), jnp.asarray(t)))),
+            (*torch_decoding.beam_search(torch_model, src, max_len=MAX_LEN, beam_size=BEAM,
+                                         alpha=alpha),
+             lambda s, t: to_numpy(torch_model(to_torch(s), to_torch(t))))):
+        tokens, scores, checked = to_numpy(tokens), to_numpy(scores), 0
+        for b, k in np.ndindex(scores.shape):
+            length = lengths(tokens[b, k][None])[0]
+            if length < 0:  # unfinished: ranked by its running score, not a sentence's
+                continue
+            hypothesis = tokens[b, k, :length]
+            decoder_in = np.concatenate([[CONFIG.bos_id], hypothesis[:-1]])[None]
+            logits = forward(src[b:b + 1], decoder_in)[0]  # (length, V)
+            log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+            log_prob = log_probs[np.arange(length), hypothesis].sum()
+            assert scores[b, k] == pytest.approx(
+                log_prob / ((5 + length) / 6) ** alpha, abs=1e-9), (b, k)
+            checked += 1
+        assert checked >= 2 * BEAM
+
+
 def test_a_scanned_model_searches_alike(models):
     """With its layer stacks scanned (the cached steps run them in a loop), the model
     gives torch's greedy and beam tokens, and scores within the same 1e-9."""

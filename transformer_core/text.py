@@ -70,17 +70,21 @@ def split_lines(data: bytes, source: str) -> list[str]:
     lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    texts = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            texts.append(line.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise TextError(f"{source} is not UTF-8 text (line {number}, byte "
-                            f"{e.start + 1}: {e.reason})") from e
-        problem = nul_problem(line, number, source)
-        if problem:
-            raise TextError(problem)
-    return texts
+    return [decode_line(line, number, source) for number, line in enumerate(lines, start=1)]
+
+
+def decode_line(line: bytes, number: int, source: str) -> str:
+    """Line `number` of `source` (its bytes, without the "\n"; one "\r" of a "\r\n"
+    ending dropped) as text, or a TextError naming the line."""
+    try:
+        text = line.removesuffix(b"\r").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TextError(f"{source} is not UTF-8 text (line {number}, byte "
+                        f"{e.start + 1}: {e.reason})") from e
+    problem = nul_problem(line, number, source)
+    if problem:
+        raise TextError(problem)
+    return text
 
 
 def read_json_object(path: Path, error: type[InputError] = TextError) -> dict[str, Any]:

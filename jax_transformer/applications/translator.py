@@ -12,6 +12,7 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from jax_transformer.data.rows import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
+from transformer_core.generation import Sampling
 from transformer_core.tokenizer import CheckpointTokenizer, TokenizerError
 
 
@@ -95,36 +97,47 @@ def source_widths(max_len: int) -> list[int]:
                    for halvings in range(SOURCE_WIDTHS)})
 
 
-def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
-                    alpha=0.6, max_len=None, batch_size=32, progress=None,
-                    length_penalty_style="gnmt") -> list[str]:
-    """One translation per line, in order; a blank line gives a blank translation without
-    running the model. Sentences are sorted by length into batches and padded to one of
-    `source_widths(max_len)`, so JAX compiles each search at most SOURCE_WIDTHS times
-    whatever the lengths, not once per batch. `length_penalty_style` "hf" is transformers' beam
-    search (length_penalty = alpha)."""
+@dataclasses.dataclass(frozen=True)
+class Hypothesis:
+    """One translation: its text, the search's score (greedy or sampled: the sum of its
+    tokens' log-probabilities; beam: that sum over the length penalty) and its ids
+    (the generated tokens, eos included when reached)."""
+    text: str
+    score: float
+    ids: tuple[int, ...]
+
+
+def translate_lines(lines, model, tokenizer: CheckpointTokenizer, **search) -> list[str]:
+    """One translation per line, in order: the best of `search_lines(lines, ...)`."""
+    return [hypotheses[0].text for hypotheses in search_lines(lines, model, tokenizer, **search)]
+
+
+def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
+                 alpha=0.6, max_len=None, batch_size=32, progress=None,
+                 length_penalty_style="gnmt", nbest=1, sampling: Sampling | None = None,
+                 first_line=1) -> list[list[Hypothesis]]:
+    """Per line, in order, its `nbest` best hypotheses, best first: beam search's `nbest`
+    beams (at most `beam`), or greedy search's or `sampling`'s one. A blank line gives
+    blank hypotheses without running the model. Sentences are sorted by length into
+    batches and padded to one of `source_widths(max_len)`, so JAX compiles each search
+    at most SOURCE_WIDTHS times whatever the lengths, not once per batch.
+    `length_penalty_style` "hf" is transformers' beam search (length_penalty = alpha).
+    `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
         raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
-    if framework == "torch":
-        from torch_reference import decoding
-    else:
-        from jax_transformer import decoding
-
-    sources = {}  # line index -> source ids; blank lines have none and stay blank
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        ids = source_ids(tokenizer, line.strip(), i + 1)
-        if len(ids) > config.max_len:
-            print(f"warning: line {i + 1} truncated to the model's max_len "
-                  f"({config.max_len} tokens)", file=sys.stderr)
-            ids = ids[: config.max_len - 1] + [config.eos_id]
-        sources[i] = ids
+    if nbest > (1 if sampling is not None else beam):
+        raise TranslateError(f"--nbest {nbest} is more than the search finds: "
+                             + ("sampling draws one translation" if sampling is not None
+                                else f"--beam {beam} keeps {beam}"))
+    sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
     widths = source_widths(config.max_len)
-    translations = [""] * len(lines)
+    results = [[Hypothesis("", 0.0, ())] * nbest for _ in lines]
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    search = dict(framework=framework, beam=beam, alpha=alpha, sampling=sampling,
+                  length_penalty_style=length_penalty_style,
+                  forced=getattr(tokenizer, "forced_first_id", None))  # the target language's
     for batch in (progress(batches) if progress else batches):
         width = padded_length(max(len(sources[i]) for i in batch), widths)
         # Fixed shapes for jit: every batch is (batch_size, width); filler rows are [eos].
@@ -133,16 +146,56 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="
         src[:, 0] = config.eos_id
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = sources[i]
-        out_len = max_len or min(config.max_len, 2 * width + 10)
-        forced = getattr(tokenizer, "forced_first_id", None)  # the target language's code
-        if beam == 1:
-            tokens, _ = decoding.greedy_search(model, src, max_len=out_len, forced_first=forced)
-        else:
-            tokens, _ = decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
-                                             alpha=alpha, forced_first=forced,
-                                             length_penalty_style=length_penalty_style)
-            tokens = tokens[:, 0]  # the best beam
-        tokens = np.asarray(tokens.cpu() if framework == "torch" else tokens)
+        tokens, scores = search_batch(model, src, max_len or min(config.max_len, 2 * width + 10),
+                                      **search)
         for row, i in enumerate(batch):
-            translations[i] = tokenizer.decode(tokens[row].tolist())
-    return translations
+            ids = [generated_ids(t, config.eos_id) for t in tokens[row, :nbest]]
+            results[i] = [Hypothesis(tokenizer.decode(list(t)), float(score), t)
+                          for t, score in zip(ids, scores[row, :nbest])]
+    return results
+
+
+def encode_sources(lines, tokenizer: CheckpointTokenizer, config: TransformerConfig,
+                   first_line: int = 1) -> dict[int, list[int]]:
+    """Line index -> its source ids, cut to the model's max_len (with a warning); blank
+    lines have none."""
+    sources = {}
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        ids = source_ids(tokenizer, line.strip(), first_line + i)
+        if len(ids) > config.max_len:
+            print(f"warning: line {first_line + i} truncated to the model's max_len "
+                  f"({config.max_len} tokens)", file=sys.stderr)
+            ids = ids[: config.max_len - 1] + [config.eos_id]
+        sources[i] = ids
+    return sources
+
+
+def search_batch(model, src: np.ndarray, out_len: int, *, framework: str, beam: int,
+                 alpha: float, sampling: Sampling | None, length_penalty_style: str,
+                 forced) -> tuple[np.ndarray, np.ndarray]:
+    """(B, S) source ids -> tokens (B, K, out_len) and scores (B, K) as numpy: K = `beam`
+    for beam search, 1 for greedy search and sampling."""
+    if framework == "torch":
+        from torch_reference import decoding
+    else:
+        from jax_transformer import decoding
+    if sampling is not None:
+        tokens, scores = decoding.sample(model, src, max_len=out_len, sampling=sampling,
+                                         forced_first=forced)
+    elif beam == 1:
+        tokens, scores = decoding.greedy_search(model, src, max_len=out_len, forced_first=forced)
+    else:
+        return tuple(np.asarray(x.cpu() if framework == "torch" else x) for x in
+                     decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
+                                          alpha=alpha, forced_first=forced,
+                                          length_penalty_style=length_penalty_style))
+    return tuple(np.asarray(x.cpu() if framework == "torch" else x)[:, None]
+                 for x in (tokens, scores))
+
+
+def generated_ids(tokens: np.ndarray, eos_id: int) -> tuple[int, ...]:
+    """A hypothesis's tokens up to and including eos (all of them where it never ended)."""
+    ends = np.flatnonzero(tokens == eos_id)
+    return tuple(int(t) for t in tokens[: ends[0] + 1 if ends.size else len(tokens)])

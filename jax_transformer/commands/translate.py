@@ -26,19 +26,26 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import os
+import queue
+import stat
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
-from jax_transformer.applications.translator import (TranslateError, load, set_languages,
-                                                     translate_lines)
+from jax_transformer.applications.translator import (TranslateError, load, search_lines,
+                                                     set_languages)
 from jax_transformer.commands import exit_codes
 from transformer_core import checkpoint_dir
-from transformer_core.generation import check_alpha
-from transformer_core.text import split_lines
+from transformer_core.generation import Sampling, check_alpha
+from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
+                                   split_lines)
 
 
 def parse_args(argv=None):
@@ -50,7 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--input", help="source file, one sentence per line (default: stdin)")
     p.add_argument("--output", help="where to write translations (default: stdout)")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy search (default 4)")
+    p.add_argument("--beam", type=int, default=None,
+                   help="beam size; 1 = greedy search (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
     p.add_argument("--length-penalty-style", choices=("gnmt", "hf"), default="gnmt",
                    help="gnmt: ((5 + len) / 6) ** alpha (default); hf: transformers' "
@@ -63,15 +71,53 @@ def parse_args(argv=None):
                    help="most output tokens per sentence (default: twice the padded source "
                         "length + 10, at most the model's max_len)")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--nbest", type=int, default=None, metavar="K",
+                   help="write the K best translations of each line (at most --beam), best "
+                        "first, each as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index; "
+                        "the search's score: log-probability over the length penalty)")
+    p.add_argument("--print-scores", action="store_true",
+                   help="write SCORE<TAB>TRANSLATION for each line's best translation")
+    p.add_argument("--sample", action="store_true",
+                   help="sample one translation per line (--temperature, --top-k, --top-p, "
+                        "--seed) instead of searching for the best")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="--sample: sampling temperature; 0 = greedy (default 1)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="--sample: from the k most likely tokens; 0 = all (default)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="--sample: from the smallest set of most likely tokens whose "
+                        "probability reaches p; 1 = all (default)")
+    p.add_argument("--seed", type=int, default=None, help="--sample: the draws' seed (default 0)")
     p.add_argument("--normalize-punctuation", action="store_true",
                    help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "
                         "line first, as transformers' MarianTokenizer.normalize")
     args = p.parse_args(argv)
-    for name in ("beam", "batch_size", "max_len"):
+    for name in ("beam", "batch_size", "max_len", "nbest"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    sampling_flags = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
+                      if getattr(args, name) is not None]
+    if sampling_flags and not args.sample:
+        p.error(f"{' '.join(sampling_flags)} set how --sample draws: add --sample")
+    if args.sample and args.beam is not None:
+        p.error(f"--sample draws one translation per line; drop --beam {args.beam}")
+    if args.nbest and args.print_scores:
+        p.error("--nbest writes every translation with its score already; drop --print-scores")
+    args.beam = 1 if args.sample else 4 if args.beam is None else args.beam
     return args
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
+
+
+def sampling_settings(args) -> Sampling | None:
+    """--sample's settings, checked (a SamplingError names the bad one); None to search."""
+    if not args.sample:
+        return None
+    return Sampling(temperature=1.0 if args.temperature is None else args.temperature,
+                    top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
+                    seed=args.seed or 0)
 
 
 def main(argv=None) -> int:
@@ -92,6 +138,7 @@ def check_output(path: Path) -> None:
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
     check_alpha(args.alpha)
+    sampling = sampling_settings(args)
     if args.output:
         check_output(Path(args.output))
     model, tokenizer = load(args.checkpoint, args.framework)
@@ -100,36 +147,104 @@ def translate_command(argv=None) -> int:
         raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm + "
                              f"vocab.json); {args.checkpoint}'s tokenizer "
                              f"({type(tokenizer).__name__}) has no separate normalising step")
-    if args.input:
-        try:
-            lines = split_lines(Path(args.input).read_bytes(), f"--input {args.input}")
-        except OSError as e:
-            raise TranslateError(f"cannot read --input {args.input}: {e}") from e
-    else:
-        lines = split_lines(sys.stdin.buffer.read(), "stdin")
-    if args.normalize_punctuation:
-        lines = [tokenizer.normalize(line) for line in lines]
-    progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
-                                    file=sys.stderr, disable=None)
+    prepare = tokenizer.normalize if args.normalize_punctuation else (lambda line: line)
+    search = dict(framework=args.framework, beam=args.beam, alpha=args.alpha,
+                  max_len=args.max_len, batch_size=args.batch_size, nbest=args.nbest or 1,
+                  sampling=sampling, length_penalty_style=args.length_penalty_style)
     start = time.perf_counter()
-    translations = translate_lines(lines, model, tokenizer, framework=args.framework,
-                                   beam=args.beam, alpha=args.alpha, max_len=args.max_len,
-                                   batch_size=args.batch_size, progress=progress,
-                                   length_penalty_style=args.length_penalty_style)
-    seconds = time.perf_counter() - start
-    text = "".join(t + "\n" for t in translations)
-    if args.output:
-        try:
-            checkpoint_dir.write_atomically(
-                args.output, lambda path: path.write_text(text, encoding="utf-8"))
-        except OSError as e:
-            raise TranslateError(f"cannot write --output {args.output}: {e}") from e
+    if not args.input and not args.output and stdin_is_a_stream():
+        count = 0  # a pipe or a terminal: each batch of the lines waiting, as they come
+        for lines in stream_batches(sys.stdin.buffer, args.batch_size):
+            hypotheses = search_lines([prepare(line) for line in lines], model, tokenizer,
+                                      first_line=count + 1, **search)
+            sys.stdout.write(formatted(hypotheses, args, first_index=count))
+            sys.stdout.flush()
+            count += len(lines)
     else:
+        lines = [prepare(line) for line in read_input(args.input)]
+        progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
+                                        file=sys.stderr, disable=None)
+        write_output(args.output, formatted(search_lines(lines, model, tokenizer,
+                                                         progress=progress, **search), args))
+        count = len(lines)
+    how = ("sampling" if sampling else "greedy" if args.beam == 1 else f"beam {args.beam}")
+    print(f"translated {count} sentences in {time.perf_counter() - start:.1f}s "
+          f"({args.framework}, {how})", file=sys.stderr)
+    return 0
+
+
+def read_input(path: str | None) -> list[str]:
+    """--input's lines, or all of stdin's."""
+    if not path:
+        return split_lines(sys.stdin.buffer.read(), "stdin")
+    try:
+        return split_lines(Path(path).read_bytes(), f"--input {path}")
+    except OSError as e:
+        raise TranslateError(f"cannot read --input {path}: {e}") from e
+
+
+def write_output(path: str | None, text: str) -> None:
+    """`text` to --output (written atomically), or to stdout."""
+    if not path:
         sys.stdout.write(text)
         sys.stdout.flush()
-    print(f"translated {len(lines)} sentences in {seconds:.1f}s ({args.framework}, "
-          f"{'greedy' if args.beam == 1 else f'beam {args.beam}'})", file=sys.stderr)
-    return 0
+        return
+    try:
+        checkpoint_dir.write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    except OSError as e:
+        raise TranslateError(f"cannot write --output {path}: {e}") from e
+
+
+def stdin_is_a_stream() -> bool:
+    """Whether stdin is a pipe or a terminal (not a file, nor replaced by a buffer)."""
+    try:
+        return not stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+
+
+def stream_batches(stream, batch_size: int) -> Iterator[list[str]]:
+    """`stream`'s lines as they arrive, in batches of those already waiting (at most
+    `batch_size`): a thread reads while the model translates, so a line typed at a
+    terminal is answered at once and a fast pipe still fills whole batches."""
+    waiting: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        try:
+            problem = encoding_problem(stream.peek(SNIFF_BYTES)[:SNIFF_BYTES], "stdin")
+            if problem:
+                raise TextError(problem)
+            for number, raw in enumerate(stream, start=1):
+                raw = raw.removesuffix(b"\n")
+                waiting.put(decode_line(raw.removeprefix(codecs.BOM_UTF8) if number == 1
+                                        else raw, number, "stdin"))
+        except Exception as error:  # noqa: BLE001  (re-raised by the main thread)
+            waiting.put(error)
+        waiting.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    ended = False
+    while not ended:
+        batch = [waiting.get()]
+        while len(batch) < batch_size and not waiting.empty():
+            batch.append(waiting.get())
+        if any(isinstance(item, Exception) for item in batch):
+            raise next(item for item in batch if isinstance(item, Exception))
+        ended = None in batch
+        lines = [line for line in batch if line is not None]
+        if lines:
+            yield lines
+
+
+def formatted(hypotheses, args, first_index: int = 0) -> str:
+    """The output lines: each input's best translation (with --print-scores, its score
+    first), or with --nbest K its K best, INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION."""
+    if args.nbest:
+        return "".join(f"{first_index + i}\t{h.score:.6f}\t{h.text}\n"
+                       for i, best in enumerate(hypotheses) for h in best)
+    if args.print_scores:
+        return "".join(f"{best[0].score:.6f}\t{best[0].text}\n" for best in hypotheses)
+    return "".join(best[0].text + "\n" for best in hypotheses)
 
 
 if __name__ == "__main__":
