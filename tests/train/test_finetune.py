@@ -106,6 +106,18 @@ def test_a_bad_init_dir_or_model_flag_is_one_line_before_any_work(small_dir, tmp
     assert not (tmp_path / "run").exists()  # refused while parsing the flags
 
 
+@pytest.mark.slow
+def test_an_abbreviated_flag_is_not_taken_for_another(small_dir, tmp_path):
+    """Before: `--pres base` (to argparse, a prefix of --preset) slipped past the check
+    that refuses --preset beside --init-from, and the run trained DIR's model, exit 0."""
+    result = run_train("--workdir", str(tmp_path / "run"), "--init-from", str(small_dir),
+                       *DATA, "--steps", "1", "--pres", "base")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines() == ["error: unrecognized arguments: --pres base",
+                                          "see jaxformer-train --help"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir, tmp_path):
     greek = [" ".join(["αβγ δεζ ηθι"] * (1 + i % 3)) for i in range(60)]
     (tmp_path / "src.txt").write_text("\n".join(greek) + "\n")
