@@ -12,6 +12,7 @@ converted Marian model against transformers in parity_tests/test_finetune.py).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,25 @@ def test_an_abbreviated_flag_is_not_taken_for_another(small_dir, tmp_path):
     assert result.stderr.splitlines() == ["error: unrecognized arguments: --pres base",
                                           "see jaxformer-train --help"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("relation", ["is", "holds", "sits inside"])
+def test_a_workdir_in_the_init_dir_is_refused(small_dir, tmp_path, relation):
+    """Before: `--workdir X --init-from X` trained, writing its config.json and
+    checkpoints into the checkpoint it started from, whose fingerprint then changed, so
+    the run refused to resume for ever."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(small_dir, directory)
+    workdir = {"is": directory, "holds": tmp_path, "sits inside": directory / "run"}[relation]
+    before = sorted(path.read_bytes() for path in directory.rglob("*") if path.is_file())
+    result = run_train("--workdir", str(workdir), "--init-from", str(directory), *DATA,
+                       "--steps", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        f"error: --workdir {workdir} {relation} --init-from {directory}: the run would write "
+        "its files into the checkpoint it starts from; give a --workdir outside it"]
+    assert sorted(path.read_bytes() for path in directory.rglob("*") if path.is_file()) == before
 
 
 def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir, tmp_path):
