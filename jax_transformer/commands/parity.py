@@ -27,9 +27,11 @@ def main(argv: list[str] | None = None) -> int:
 def report_command(argv: list[str] | None = None) -> int:
     parser = parsing.ArgumentParser(prog="jaxformer-parity",
                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=parsing.path, help="checkpoint directory (config.json + model.safetensors)")
-    parser.add_argument("--sentences", type=parsing.path, help="text file, one source sentence per line, tokenized "
-                                            "with the checkpoint's tokenizer (default: random ids)")
+    parser.add_argument("checkpoint", type=parsing.path,
+                        help="checkpoint directory (config.json + model.safetensors)")
+    parser.add_argument("--sentences", type=parsing.path,
+                        help="text file, one source sentence per line, tokenized with the "
+                             "checkpoint's tokenizer (default: random ids)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
                         help=f"any of {', '.join(DTYPES)} (default: float32 float64)")
     parser.add_argument("--device", choices=("cpu", "gpu"),

@@ -83,13 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     direction.add_argument("--to", dest="target", choices=tuple(EXPORTS),
                            help="export SRC, our checkpoint directory (config.json, "
                                 "model.safetensors, tokenizer.model), to this format")
-    parser.add_argument("src", type=parsing.path, help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
-                                    "state dict; jax-orbax: the checkpoints directory; "
-                                    "--to: our checkpoint directory")
+    parser.add_argument("src", type=parsing.path,
+                        help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
+                             "state dict; jax-orbax: the checkpoints directory; "
+                             "--to: our checkpoint directory")
     parser.add_argument("out", type=parsing.path, help="output directory")
     g = parser.add_argument_group("torch-reference / jax-orbax")
-    g.add_argument("--config", type=parsing.path, help="torch-reference: our config.json for the state dict")
-    g.add_argument("--tokenizer", type=parsing.path, help="a SentencePiece model to copy as tokenizer.model")
+    g.add_argument("--config", type=parsing.path,
+                   help="torch-reference: our config.json for the state dict")
+    g.add_argument("--tokenizer", type=parsing.path,
+                   help="a SentencePiece model to copy as tokenizer.model")
     g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
     add_torch_nn_arguments(parser.add_argument_group(
         "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
