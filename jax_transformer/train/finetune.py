@@ -81,6 +81,8 @@ def read_init_dir(path: str | Path) -> InitDir:
             shapes = {key: _Shape(tuple(weights.get_slice(key).get_shape()))
                       for key in weights.keys()}
         checkpoint_dir.check_state_dict(shapes, config, source=str(directory / WEIGHTS_FILE))
+        for name in tokenizer_files(directory):  # copied into the run and its export
+            checkpoint_dir.file_to_copy(directory, name)
         tokenizer = checkpoint_dir.load_tokenizer(directory)
         tokenizer.check_fits(config)
     except TrainError:
@@ -206,7 +208,8 @@ def install_tokenizer(init: InitDir, workdir: Path, codes: tuple[str | None, str
     target.mkdir(parents=True)
     for name in tokenizer_files(init.directory):
         checkpoint_dir.write_atomically(
-            target / name, lambda p, name=name: shutil.copyfile(init.directory / name, p))
+            target / name, lambda p, name=name: shutil.copyfile(
+                checkpoint_dir.file_to_copy(init.directory, name), p))
     tokenizer = checkpoint_dir.load_tokenizer(target)
     tokenizer.check_fits(init.config)
     set_languages(tokenizer, codes, f"--init-from {init.directory}")

@@ -138,6 +138,25 @@ def test_a_workdir_in_the_init_dir_is_refused(small_dir, tmp_path, relation):
     assert sorted(path.read_bytes() for path in directory.rglob("*") if path.is_file()) == before
 
 
+@pytest.mark.slow
+def test_a_tokenizer_file_linked_out_of_the_init_dir_is_refused(small_dir, tmp_path):
+    """Before: the link's target (any file the user can read) was copied into
+    WORKDIR/tokenizer/ and into the shareable export/ as special_tokens_map.json."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(small_dir, directory)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"password": "hunter2"}')
+    (directory / "special_tokens_map.json").symlink_to(secret)
+    result = run_train("--workdir", str(tmp_path / "run"), "--init-from", str(directory),
+                       *DATA, "--steps", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    link = directory / "special_tokens_map.json"
+    assert result.stderr.splitlines() == [
+        f"error: --init-from {directory}: {link} is a link to {secret}, outside {directory}; "
+        f"copy the file itself into {directory}"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir, tmp_path):
     greek = [" ".join(["αβγ δεζ ηθι"] * (1 + i % 3)) for i in range(60)]
     (tmp_path / "src.txt").write_text("\n".join(greek) + "\n")
