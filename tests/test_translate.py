@@ -1,7 +1,9 @@
 """The translate command on tiny checkpoints saved by either framework."""
 
 import io
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -343,6 +345,21 @@ def test_output_naming_the_input_file_is_refused(torch_checkpoint, tmp_path, cap
                                 "sentences would be replaced by their translations; write "
                                 "them elsewhere"]
     assert source.read_bytes() == SOURCE
+
+
+@pytest.mark.slow
+def test_buffers_are_sized_by_the_input_not_by_max_len(jax_checkpoint, tmp_path):
+    """max_len 65536 in config.json, the same weights (sinusoidal positions), and 4 GiB
+    of address space. Before: one word was padded to 8192 positions, and its batch of 32
+    asked XLA for 17 GB of attention scores: an out-of-memory traceback."""
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(jax_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "max_len": 65536}))
+    prelude = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+    result = run_script(["--checkpoint", checkpoint, "--beam", "1"], b"cat\n", prelude)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert len(result.stdout.splitlines()) == 1
 
 
 @pytest.mark.parametrize("alpha", ["nan", "inf", "-0.5"])

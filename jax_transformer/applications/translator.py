@@ -100,8 +100,10 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="
                     length_penalty_style="gnmt") -> list[str]:
     """One translation per line, in order; a blank line gives a blank translation without
     running the model. Sentences are sorted by length into batches and padded to one of
-    `source_widths(max_len)`, so JAX compiles each search at most SOURCE_WIDTHS times
-    whatever the lengths, not once per batch. `length_penalty_style` "hf" is transformers' beam
+    the `source_widths` of the longest source's length rounded up to a power of two (at
+    most the model's max_len), so JAX compiles each search at most SOURCE_WIDTHS times
+    whatever the lengths, not once per batch, and buffers grow with the input, not with
+    max_len. `length_penalty_style` "hf" is transformers' beam
     search (length_penalty = alpha)."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
@@ -122,7 +124,10 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="
             ids = ids[: config.max_len - 1] + [config.eos_id]
         sources[i] = ids
     order = sorted(sources, key=lambda i: len(sources[i]))
-    widths = source_widths(config.max_len)
+    # Sized by the input: widths from max_len padded a word to 8192 positions for a
+    # max_len of 65536, 17 GB of attention scores in a batch of 32.
+    longest = max((len(ids) for ids in sources.values()), default=1)
+    widths = source_widths(min(config.max_len, 1 << (longest - 1).bit_length()))
     translations = [""] * len(lines)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in (progress(batches) if progress else batches):
