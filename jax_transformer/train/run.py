@@ -266,6 +266,7 @@ class TrainingRun:
             f"{compiled['cache_hits']} loaded from the cache")
         if self.start is not None and start_step == 0:  # the starting model, at step 0
             metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
+                              dev_nll=self.start["dev"]["nll"],
                               dev_perplexity=self.start["dev"]["perplexity"])
         if start_step < self.settings.train.steps:  # at the first step these programs train
             metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
@@ -285,11 +286,13 @@ class TrainingRun:
         return read[-1].loss if read else None
 
     def evaluate_dev(self, state, step: int, loss: float, metrics_log: MetricsLog) -> None:
-        """The dev loss at `step`, written and printed beside the newest training loss."""
+        """The dev loss at `step`, written and printed beside the newest training loss, and
+        the dev nll and perplexity: the loss is label-smoothed, the perplexity exp(nll)."""
         dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
-        metrics_log.write(step=step, dev_loss=dev["loss"], dev_perplexity=dev["perplexity"])
-        log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
-            f"dev perplexity {dev['perplexity']:.3f}")
+        metrics_log.write(step=step, dev_loss=dev["loss"], dev_nll=dev["nll"],
+                          dev_perplexity=dev["perplexity"])
+        log(f"step {step}: label-smoothed loss: train {loss:.4f}, dev {dev['loss']:.4f}; "
+            f"dev nll {dev['nll']:.4f}, dev perplexity {dev['perplexity']:.3f} (exp of the nll)")
 
     def budget_spent(self, step: int, start_step: int, setting_up: float) -> None:
         """After --time-budget ran out: a TrainError when it did before the first step of

@@ -267,6 +267,7 @@ def test_step_one_starts_from_exactly_the_exported_weights(exported, tmp_path):
     start = json.loads((tuned / "start_eval.json").read_text())
     assert start["dev"]["loss"] == json.loads((source / "eval.json").read_text())["dev"]["loss"]
     assert records(tuned)[0] == {"step": 0, "dev_loss": start["dev"]["loss"],
+                                 "dev_nll": start["dev"]["nll"],
                                  "dev_perplexity": start["dev"]["perplexity"]}
     assert json.loads((tuned / "eval.json").read_text())["start"] == start
     # --freeze embeddings: the tied embedding is the exported one still, the layers moved.
