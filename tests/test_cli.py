@@ -9,6 +9,7 @@ import pytest
 
 from jax_transformer import signals
 from jax_transformer.commands import exit_codes
+from tests.train.runs import TINY
 from transformer_core.errors import RunFailed
 from transformer_core.config import ConfigError
 
@@ -86,3 +87,46 @@ def test_every_command_line_reports_bad_input_the_same_way(tmp_path, command, me
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message.format(tmp=tmp_path) in last, last
     assert "Traceback" not in result.stderr
+
+
+COMMANDS = {"jaxformer-train": ["train.py"],
+            **{f"jaxformer-{name.replace('_', '-')}": ["-m", f"jax_transformer.commands.{name}"]
+               for name in ("translate", "generate", "port", "parity", "prepare",
+                            "natural_corpus", "launch")}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prog", COMMANDS)
+def test_a_bad_flag_is_one_error_line_and_a_hint(prog):
+    """Before: argparse printed the usage first, 48 lines of it for train.py, then
+    `jaxformer-train: error: argument --seed: invalid int value: 'x'`."""
+    flag = {"jaxformer-translate": "--beam", "jaxformer-port": "--step",
+            "jaxformer-launch": "--num-processes"}.get(prog, "--seed")
+    result = subprocess.run([sys.executable, *COMMANDS[prog], flag, "x"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    shown = "-n/--num-processes" if prog == "jaxformer-launch" else flag
+    assert result.stderr.splitlines() == [f"error: argument {shown}: invalid int value: 'x'",
+                                          f"see {prog} --help"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, message", [
+    (["train.py", "--workdir", "{tmp}/run", *TINY, "--steps", "1", "--init-from", ""],
+     ["error: --init-from is an empty path (an unset shell variable?)"]),
+    (["-m", "jax_transformer.commands.translate", "--checkpoint", "{tmp}/ckpt", "--input", ""],
+     ["error: argument --input: an empty path (an unset shell variable?)",
+      "see jaxformer-translate --help"]),
+    (["-m", "jax_transformer.commands.port", "--from", "hf-marian", "", "{tmp}/out"],
+     ["error: argument src: an empty path (an unset shell variable?)",
+      "see jaxformer-port --help"]),
+])
+def test_an_empty_path_is_refused(tmp_path, command, message):
+    """Before: `--init-from ''` (an unset variable) trained from scratch, `--input ''` read
+    stdin, and port's SRC '' was the current directory."""
+    write_bad_files(tmp_path)
+    result = subprocess.run([sys.executable, *[part.format(tmp=tmp_path) for part in command]],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines() == message
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

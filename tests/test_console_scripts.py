@@ -20,7 +20,7 @@ def run(argv, **kwargs):
 
 def test_every_command_module_has_a_script():
     commands = {p.stem for p in (ROOT / "jax_transformer" / "commands").glob("*.py")} - {
-        "__init__", "exit_codes"}
+        "__init__", "exit_codes", "parsing"}
     assert {target.split(":")[0].rpartition(".")[2] for target in SCRIPTS.values()} == commands
     assert all(name == "jaxformer-" + target.split(":")[0].rpartition(".")[2].replace("_", "-")
                for name, target in SCRIPTS.items())

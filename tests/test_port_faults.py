@@ -253,6 +253,34 @@ def test_a_conversion_failing_part_way_leaves_nothing(tmp_path, capsys, directio
     assert (tmp_path / "earlier" / "config.json").read_text() == "{\"kept\": true}\n"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["--to", "--from"])
+@pytest.mark.parametrize("kind", ["link out", "not JSON"])
+def test_a_copied_tokenizer_file_is_checked(tmp_path, capsys, direction, kind):
+    """special_tokens_map.json is copied, never read. Before: a link to a file outside SRC
+    put that file's bytes into OUT, and a file that is not JSON was copied as it was."""
+    ours = exportable_checkpoint(tmp_path / "ours")
+    src = tmp_path / "marian"
+    assert run_port(["--to", "hf-marian", ours, src], capsys)[0] == 0
+    if direction == "--to":  # our checkpoint converted from Marian carries its files
+        assert run_port(["--from", "hf-marian", src, tmp_path / "converted"], capsys)[0] == 0
+        src = tmp_path / "converted"
+    copied, secret = src / "special_tokens_map.json", tmp_path / "secret.json"
+    if kind == "link out":
+        secret.write_text('{"password": "hunter2"}')
+        copied.symlink_to(secret)
+        message = (f"error: {copied} is a link to {secret}, outside {src}; copy the file "
+                   f"itself into {src}")
+    else:
+        copied.write_text("<html>")
+        message = f"error: {copied} is not valid JSON: Expecting value: line 1 column 1 (char 0)"
+    result = subprocess.run([sys.executable, "-m", "jax_transformer.commands.port", direction,
+                             "hf-marian", str(src), str(tmp_path / "out")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.splitlines() == [message], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_directory_holding_other_files_is_refused(tmp_path, capsys):
     """Replacing OUT whole would delete what else it holds: refused before any work."""
     ours = exportable_checkpoint(tmp_path / "ours")

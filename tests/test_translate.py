@@ -1,6 +1,10 @@
 """The translate command on tiny checkpoints saved by either framework."""
 
 import io
+import json
+import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -61,13 +65,14 @@ def run_main(args, capsys):
     return code, captured.out.splitlines(), captured.err
 
 
-def run_script(args, stdin: bytes, prelude: str = ""):
+def run_script(args, stdin: bytes, prelude: str = "", cwd=REPO):
     """`jaxformer-translate ARGS < stdin` after `prelude`, via runpy as -m does."""
     script = (f"import runpy, sys\n{prelude}"
               "sys.argv = ['translate'] + sys.argv[1:]\n"
               "runpy.run_module('jax_transformer.commands.translate', run_name='__main__')\n")
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], input=stdin,
-                          capture_output=True, cwd=REPO, timeout=120)
+                          capture_output=True, cwd=cwd, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys):
@@ -268,6 +273,93 @@ def test_a_failed_write_keeps_the_previous_output(torch_checkpoint, tmp_path):
     assert last.startswith(f"error: cannot write --output {output}: [Errno 27] File too large")
     assert output.read_text() == "previous run\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+FAST = ["--framework", "torch", "--beam", "1", "--max-len", "8"]
+SOURCE = b"the quick brown fox\na small red house\n"
+
+
+@pytest.mark.slow
+def test_output_to_a_fifo_is_written_in_place(torch_checkpoint, tmp_path):
+    """Before: the FIFO was replaced by a regular file, and its reader waited for ever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    try:
+        result = run_script(["--checkpoint", torch_checkpoint, *FAST, "--output", fifo], SOURCE)
+        read, _ = reader.communicate(timeout=60)
+    finally:
+        reader.kill()
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and len(read.decode().splitlines()) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output", ["/dev/fd/1", "/dev/stdout", "-", "/dev/null"])
+def test_output_to_stdout_or_a_device_is_written_in_place(torch_checkpoint, tmp_path, output):
+    """Before: --output /dev/fd/1 (as a process substitution gives) failed after all the
+    work, unable to make a temporary file in /dev/fd; as root, /dev/stdout and /dev/null
+    were replaced by regular files; `--output -` wrote a file named "-"."""
+    result = run_script(["--checkpoint", torch_checkpoint, *FAST, "--output", output], SOURCE,
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert len(result.stdout.splitlines()) == (0 if output == "/dev/null" else 2)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode) and os.path.islink("/dev/stdout")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_input_dash_is_stdin(torch_checkpoint, tmp_path):
+    """Before: `error: cannot read --input -: [Errno 2] No such file or directory: '-'`."""
+    result = run_script(["--checkpoint", torch_checkpoint, *FAST, "--input", "-"], SOURCE,
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert len(result.stdout.splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_an_output_no_file_can_be_made_beside_is_refused_before_any_work(torch_checkpoint):
+    """Before (as root, whom os.access lets write anywhere): the model was loaded and every
+    line translated, then the temporary file beside /proc/self/out.txt failed."""
+    prelude = ("import jax_transformer.applications.translator as translator\n"
+               "translator.load = lambda *args: sys.exit('loaded the model first')\n")
+    result = run_script(["--checkpoint", torch_checkpoint, *FAST, "--output",
+                         "/proc/self/out.txt"], SOURCE, prelude)
+    assert result.returncode == 2, result.stderr.decode()[-2000:]
+    [line] = result.stderr.decode().splitlines()
+    assert line.startswith("error: ") and "--output /proc/self/out.txt" in line
+
+
+@pytest.mark.parametrize("same", ["source.txt", "./source.txt", "link.txt"])
+def test_output_naming_the_input_file_is_refused(torch_checkpoint, tmp_path, capsys,
+                                                 monkeypatch, same):
+    """Before: the input file was silently replaced by its translations."""
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "source.txt"
+    source.write_bytes(SOURCE)
+    (tmp_path / "link.txt").symlink_to(source)
+    code, out, err = run_main(["--checkpoint", torch_checkpoint, *FAST, "--input", "source.txt",
+                               "--output", same], capsys)
+    assert (code, out) == (2, [])
+    assert err.splitlines() == [f"error: --output {same} is the --input file source.txt: its "
+                                "sentences would be replaced by their translations; write "
+                                "them elsewhere"]
+    assert source.read_bytes() == SOURCE
+
+
+@pytest.mark.slow
+def test_buffers_are_sized_by_the_input_not_by_max_len(jax_checkpoint, tmp_path):
+    """max_len 65536 in config.json, the same weights (sinusoidal positions), and 4 GiB
+    of address space. Before: one word was padded to 8192 positions, and its batch of 32
+    asked XLA for 17 GB of attention scores: an out-of-memory traceback."""
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(jax_checkpoint, checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "max_len": 65536}))
+    prelude = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+    result = run_script(["--checkpoint", checkpoint, "--beam", "1"], b"cat\n", prelude)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert len(result.stdout.splitlines()) == 1
 
 
 @pytest.mark.parametrize("alpha", ["nan", "inf", "-0.5"])

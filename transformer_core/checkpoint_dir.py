@@ -34,6 +34,7 @@ from transformer_core.errors import InputError, listing
 from transformer_core.fairseq_tokenizer import FAIRSEQ_TOKENIZER_FILES, FairseqTokenizer
 from transformer_core.fsmt_tokenizer import FSMT_TOKENIZER_FILES, FSMTTokenizer
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
+from transformer_core.text import read_json_object
 from transformer_core.tokenizer import CheckpointTokenizer, Tokenizer, TokenizerError
 
 CONFIG_FILE = "config.json"
@@ -286,3 +287,19 @@ def load_tokenizer(directory: str | os.PathLike) -> CheckpointTokenizer:
                              "vocab.json); save the checkpoint with its tokenizer "
                              "(save_pretrained(dir, tokenizer=path))")
     return Tokenizer(path)
+
+
+def file_to_copy(directory: str | os.PathLike, name: str) -> Path:
+    """DIRECTORY/name, checked before its bytes are copied into another checkpoint (a
+    fine-tuning run's, an export, a conversion): a link to a file outside the directory is
+    refused, since the copy would carry that file to whoever the checkpoint is shared
+    with, and a JSON file must parse as an object (CheckpointError)."""
+    directory = Path(directory)
+    path = directory / name
+    target = path.resolve()
+    if not target.is_relative_to(directory.resolve()):
+        raise CheckpointError(f"{path} is a link to {target}, outside {directory}; copy the "
+                              f"file itself into {directory}")
+    if name.endswith(".json"):
+        read_json_object(path, CheckpointError)
+    return path

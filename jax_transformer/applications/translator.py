@@ -119,9 +119,10 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     """Per line, in order, its `nbest` best hypotheses, best first: beam search's `nbest`
     beams (at most `beam`), or greedy search's or `sampling`'s one. A blank line gives
     blank hypotheses without running the model. Sentences are sorted by length into
-    batches and padded to one of `source_widths(max_len)`, so JAX compiles each search
-    at most SOURCE_WIDTHS times whatever the lengths, not once per batch.
-    `length_penalty_style` "hf" is transformers' beam search (length_penalty = alpha).
+    batches and padded to one of the `source_widths` of the longest source's length
+    rounded up to a power of two (at most the model's max_len), so JAX compiles each
+    search at most SOURCE_WIDTHS times whatever the lengths, not once per batch, and
+    buffers grow with the input, not with max_len. `length_penalty_style` "hf" is transformers' beam search (length_penalty = alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
@@ -132,7 +133,10 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
                                 else f"--beam {beam} keeps {beam}"))
     sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
-    widths = source_widths(config.max_len)
+    # Sized by the input: widths from max_len padded a word to 8192 positions for a
+    # max_len of 65536, 17 GB of attention scores in a batch of 32.
+    longest = max((len(ids) for ids in sources.values()), default=1)
+    widths = source_widths(min(config.max_len, 1 << (longest - 1).bit_length()))
     results = [[Hypothesis("", 0.0, ())] * nbest for _ in lines]
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     search = dict(framework=framework, beam=beam, alpha=alpha, sampling=sampling,

@@ -7,6 +7,8 @@
     parity.py          jaxformer-parity           the layer-by-layer parity report
     natural_corpus.py  jaxformer-natural-corpus   a synthetic corpus with natural lengths
     exit_codes.py      the wrapper every command goes through: one `error:` line, an exit code
+    parsing.py         every command's parser: a bad command line is one `error:` line and a
+                       hint, flags are spelled in full, a path flag is never empty
 
 `jaxformer-X` runs `python -m jax_transformer.commands.X` (pyproject.toml's
 [project.scripts]). A command may import anything below it; nothing below imports

@@ -11,23 +11,22 @@ export with --export average --average-last N.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Sequence
 
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from transformer_core.averaging import average_dirs
 
 
 def average_command(argv: Sequence[str] | None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = parsing.ArgumentParser(
         prog="jaxformer-average",
         description="Average the parameters of checkpoint directories of one model.")
-    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", type=parsing.path,
                         help="checkpoint directories (config.json, model.safetensors and the "
                              "tokenizer), e.g. several train.py exports")
-    parser.add_argument("--output", required=True,
+    parser.add_argument("--output", required=True, type=parsing.path,
                         help="the directory to write the average to (new, or an earlier "
                              "output, which is replaced whole)")
     args = parser.parse_args(argv)

@@ -20,24 +20,23 @@ import JAX.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.applications.generator import GenerateError, generate, load
 from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import split_lines
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="jaxformer-generate",
+    p = parsing.ArgumentParser(prog="jaxformer-generate",
                                 description="Continue prompts with a decoder-only model.")
-    p.add_argument("--checkpoint", required=True,
+    p.add_argument("--checkpoint", required=True, type=parsing.path,
                    help="checkpoint directory (config.json, model.safetensors, tokenizer.model)")
     p.add_argument("--prompt", action="append", default=[],
                    help="text to continue; repeat for several prompts")
-    p.add_argument("--prompt-file", help="more prompts, one per line")
+    p.add_argument("--prompt-file", type=parsing.path, help="more prompts, one per line")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="most tokens per continuation (default: as many as fit the model's "
                         "max_len after the longest prompt, at most 100)")

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import BinaryIO, Sequence
 
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from transformer_core.errors import InputError
 
 GRACE_SECONDS = 60.0
@@ -120,8 +120,8 @@ def launch(command: Sequence[str], count: int, cpu_devices: int | None = None,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxformer-launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parsing.ArgumentParser(prog="jaxformer-launch", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--num-processes", type=int, required=True, metavar="N",
                    help="processes to start")
     p.add_argument("--cpu-devices", type=int, metavar="K",

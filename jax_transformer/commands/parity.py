@@ -8,13 +8,12 @@ tolerance, so the report can gate CI.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from jax_transformer.applications.parity import (DEFAULT_TOLERANCE, DTYPES, generated_batch,
                                                  print_reports, run, sentence_batch)
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from transformer_core import checkpoint_dir
 from transformer_core.errors import InputError
 from transformer_core.text import split_lines
@@ -26,11 +25,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report_command(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxformer-parity",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint directory (config.json + model.safetensors)")
-    parser.add_argument("--sentences", help="text file, one source sentence per line, tokenized "
-                                            "with the checkpoint's tokenizer (default: random ids)")
+    parser = parsing.ArgumentParser(prog="jaxformer-parity",
+                                    description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", type=parsing.path,
+                        help="checkpoint directory (config.json + model.safetensors)")
+    parser.add_argument("--sentences", type=parsing.path,
+                        help="text file, one source sentence per line, tokenized with the "
+                             "checkpoint's tokenizer (default: random ids)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
                         help=f"any of {', '.join(DTYPES)} (default: float32 float64)")
     parser.add_argument("--device", choices=("cpu", "gpu"),

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.port import ctranslate2
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import export_hf_marian
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """jaxformer-port's command line: the direction, SRC and OUT, and each source's flags."""
-    parser = argparse.ArgumentParser(
+    parser = parsing.ArgumentParser(
         prog="jaxformer-port",
         description="Convert a checkpoint into our directory format (config.json + "
                     "model.safetensors), then check it: jaxformer-parity OUT_DIR. "
@@ -83,13 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     direction.add_argument("--to", dest="target", choices=tuple(EXPORTS),
                            help="export SRC, our checkpoint directory (config.json, "
                                 "model.safetensors, tokenizer.model), to this format")
-    parser.add_argument("src", help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
-                                    "state dict; jax-orbax: the checkpoints directory; "
-                                    "--to: our checkpoint directory")
-    parser.add_argument("out", help="output directory")
+    parser.add_argument("src", type=parsing.path,
+                        help="hf-marian: a directory; torch-*: a .pt/.bin/.safetensors "
+                             "state dict; jax-orbax: the checkpoints directory; "
+                             "--to: our checkpoint directory")
+    parser.add_argument("out", type=parsing.path, help="output directory")
     g = parser.add_argument_group("torch-reference / jax-orbax")
-    g.add_argument("--config", help="torch-reference: our config.json for the state dict")
-    g.add_argument("--tokenizer", help="a SentencePiece model to copy as tokenizer.model")
+    g.add_argument("--config", type=parsing.path,
+                   help="torch-reference: our config.json for the state dict")
+    g.add_argument("--tokenizer", type=parsing.path,
+                   help="a SentencePiece model to copy as tokenizer.model")
     g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
     add_torch_nn_arguments(parser.add_argument_group(
         "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
@@ -100,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_torch_nn_arguments(g) -> None:
     """The torch.nn sources' flags: where their tensors are (the mapping) and what the
     state dict cannot say (heads, activation, norms, positions, special ids)."""
-    g.add_argument("--mapping", help="JSON file with any of the mapping fields: "
+    g.add_argument("--mapping", type=parsing.path, help="JSON file with any of the mapping fields: "
                    + "; ".join(f"{source}: {', '.join(fields)}"
                                for source, fields in TORCH_NN_SPECS.items()))
     g.add_argument("--transformer-prefix", dest="transformer")

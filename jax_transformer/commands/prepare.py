@@ -21,7 +21,7 @@ import sys
 from typing import Sequence
 
 from jax_transformer import signals
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepare import Encoding, key, prepare, stopped_preparing
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train.corpus import corpus
@@ -33,9 +33,9 @@ from transformer_core.tokenizer import TokenizerError
 
 def build_parser() -> argparse.ArgumentParser:
     """--output, --seed, --workers, --quiet and train.py's data flags, with their help."""
-    p = argparse.ArgumentParser(prog="jaxformer-prepare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", required=True, metavar="DIR",
+    p = parsing.ArgumentParser(prog="jaxformer-prepare", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", required=True, metavar="DIR", type=parsing.path,
                    help="the prepared directory to write (train.py --data DIR)")
     p.add_argument("--seed", type=int, default=0,
                    help="shuffles the corpus before dev and test are held out, and picks the "

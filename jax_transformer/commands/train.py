@@ -32,7 +32,7 @@ import sys
 
 from simple_parsing import ArgumentParser, DashVariant
 
-from jax_transformer.commands import exit_codes
+from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
@@ -72,7 +72,7 @@ class Chosen:
 
 def pre_parse(argv=None) -> Chosen:
     """The one pre-parse of the command line (bad values wait for the full parser)."""
-    p = add_default_choosers(argparse.ArgumentParser(prog="jaxformer-train", add_help=False))
+    p = add_default_choosers(parsing.ArgumentParser(prog="jaxformer-train", add_help=False))
     for flag in ("--task", "--init-from", "--data"):
         p.add_argument(flag)
     known = p.parse_known_args(argv)[0]
@@ -81,6 +81,11 @@ def pre_parse(argv=None) -> Chosen:
     default_task = (init.task if init and init.task else
                     prepared.key["corpus"]["task"] if prepared else "translate")
     return Chosen(known.preset, known.layers, known.task or default_task, init, prepared)
+
+
+class SettingsParser(parsing.OneLineErrors, ArgumentParser):
+    """simple_parsing's parser, which makes the flags from the settings dataclasses, with
+    parsing.OneLineErrors."""
 
 
 def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
@@ -104,7 +109,7 @@ def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
         train_defaults = {**TASK_DEFAULTS.get(chosen.task, {}), **FINETUNE_DEFAULTS}
     if chosen.layers is not None:
         model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
-    p = ArgumentParser(prog="jaxformer-train", description=__doc__,
+    p = SettingsParser(prog="jaxformer-train", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        add_option_string_dash_variants=DashVariant.DASH,
                        add_config_path_arg=False)

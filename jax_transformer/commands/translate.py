@@ -6,8 +6,16 @@
 
 One sentence per line in, one translation per line out, in input order. Lines
 end at "\\n" only (a "\\r\\n" ending counts as one); a blank line gives a blank
-line, without running the model. Input must be UTF-8. --output is checked
-before any work and written atomically: a failed write keeps the old file.
+line, without running the model. Input must be UTF-8. `--input -` is stdin and
+`--output -` stdout. --output is opened before any work: a regular file is written
+atomically (a failed write keeps the old file), a FIFO or a device (/dev/null,
+/dev/stdout on a pipe, a process substitution) in place; --output naming the --input
+file is refused. From a pipe or a terminal, stdin is translated as its lines arrive
+(each batch: the lines waiting) and the output flushed after each batch, so the
+command answers interactively; a file (--input, or stdin redirected from one) is read
+whole into full batches. --nbest K writes each line's K best translations as
+INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores SCORE<TAB>TRANSLATION for the
+best; --sample draws one translation (--temperature, --top-k, --top-p, --seed).
 The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
 eos) or, in a converted opus-mt model, Marian's source.spm + vocab.json
 (transformer_core.marian_tokenizer): a multilingual model's target language is a code at the
@@ -25,11 +33,12 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 
 from __future__ import annotations
 
-import argparse
 import codecs
+import contextlib
 import io
 import os
 import queue
+import secrets
 import stat
 import sys
 import threading
@@ -41,21 +50,24 @@ from tqdm import tqdm
 
 from jax_transformer.applications.translator import (TranslateError, load, search_lines,
                                                      set_languages)
-from jax_transformer.commands import exit_codes
-from transformer_core import checkpoint_dir
+from jax_transformer.commands import exit_codes, parsing
 from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
                                    split_lines)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="jaxformer-translate",
-                                description="Translate one sentence per line.")
-    p.add_argument("--checkpoint", required=True,
+    p = parsing.ArgumentParser(prog="jaxformer-translate",
+                               description="Translate one sentence per line.")
+    p.add_argument("--checkpoint", required=True, type=parsing.path,
                    help="checkpoint directory (config.json, model.safetensors, tokenizer.model "
                         "or a converted Marian model's source.spm + vocab.json)")
-    p.add_argument("--input", help="source file, one sentence per line (default: stdin)")
-    p.add_argument("--output", help="where to write translations (default: stdout)")
+    p.add_argument("--input", type=parsing.path,
+                   help="source file, one sentence per line (default, and -: stdin)")
+    p.add_argument("--output", type=parsing.path,
+                   help="where to write translations (default, and -: stdout); a regular file "
+                        "is replaced whole once all are written, a FIFO or a device (a pipe, "
+                        "/dev/null) written in place")
     p.add_argument("--framework", choices=("jax", "torch"), default="jax")
     p.add_argument("--beam", type=int, default=None,
                    help="beam size; 1 = greedy search (default 4)")
@@ -125,74 +137,139 @@ def main(argv=None) -> int:
     return exit_codes.run(translate_command, argv)
 
 
+STDIO = "-"  # --input - is stdin and --output - stdout, as Unix tools have it
+
+
 def check_output(path: Path) -> None:
-    """Raise TranslateError unless translations can be written to `path`."""
+    """Raise TranslateError unless a new file can replace `path` (a regular file, or none
+    yet; a link's target)."""
     if path.is_dir():
         raise TranslateError(f"--output {path} is a directory")
-    if not path.parent.is_dir():
-        raise TranslateError(f"--output {path}: directory {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise TranslateError(f"--output {path}: directory {path.parent} is not writable")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise TranslateError(f"--output {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TranslateError(f"--output {path}: directory {parent} is not writable")
+
+
+def is_special(path: Path) -> bool:
+    """Whether `path` (a link followed) is a FIFO, a device, a terminal or a socket: a
+    pipe, /dev/null, /dev/stdout or a process substitution, which readers hold open."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_not_input(output: str, source: str | None) -> None:
+    """Refuse --output naming the --input file: replacing it would lose the sentences."""
+    if source in (None, STDIO) or not Path(source).is_file() or not Path(output).exists():
+        return
+    if os.path.samefile(source, output):
+        raise TranslateError(f"--output {output} is the --input file {source}: its sentences "
+                             "would be replaced by their translations; write them elsewhere")
+
+
+class Output:
+    """Where translations go, opened before any work so a bad --output fails first:
+    stdout for none or "-"; a special file (is_special) in place, since replacing it
+    would break its readers; else a new file beside it (a link's target), renamed over it
+    when the `with` block ends without an error, so a failure keeps the old file and
+    leaves no new one. Its write errors are TranslateErrors naming --output."""
+
+    def __init__(self, name: str | None):
+        self.name, self.tmp = name, None
+        if name in (None, STDIO):
+            self.file = sys.stdout
+            return
+        path = Path(name)
+        if not is_special(path):
+            check_output(path)
+            path = path.resolve()
+            self.tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        self.path = path
+        self.file = self._attempt(open, self.tmp or path, "x" if self.tmp else "w",
+                                  encoding="utf-8")  # a new file: 0o666 & ~umask
+
+    def _attempt(self, action, *args, **kwargs):
+        """`action(...)`, its OSError a TranslateError naming --output (stdout's as is)."""
+        try:
+            return action(*args, **kwargs)
+        except OSError as e:
+            if self.name in (None, STDIO):
+                raise
+            raise TranslateError(f"cannot write --output {self.name}: {e}") from None
+
+    def write(self, text: str) -> None:
+        self._attempt(self.file.write, text)
+
+    def flush(self) -> None:
+        self._attempt(self.file.flush)
+
+    def __enter__(self) -> Output:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        try:
+            if self.file is sys.stdout:
+                self.file.flush()
+            elif kind is not None:  # the error in flight is the one to report
+                with contextlib.suppress(OSError):
+                    self.file.close()
+            else:
+                self._attempt(self.file.close)
+                if self.tmp:
+                    self._attempt(os.replace, self.tmp, self.path)
+        finally:
+            if self.tmp:
+                self.tmp.unlink(missing_ok=True)
+
+
+def read_input(source: str | None) -> list[str]:
+    """--input's lines (stdin's for none or "-")."""
+    if source in (None, STDIO):
+        return split_lines(sys.stdin.buffer.read(), "stdin")
+    try:
+        return split_lines(Path(source).read_bytes(), f"--input {source}")
+    except OSError as e:
+        raise TranslateError(f"cannot read --input {source}: {e}") from e
 
 
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
     check_alpha(args.alpha)
     sampling = sampling_settings(args)
-    if args.output:
-        check_output(Path(args.output))
-    model, tokenizer = load(args.checkpoint, args.framework)
-    set_languages(tokenizer, args.src_lang, args.tgt_lang)
-    if args.normalize_punctuation and not tokenizer.normalizes:
-        raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm + "
-                             f"vocab.json); {args.checkpoint}'s tokenizer "
-                             f"({type(tokenizer).__name__}) has no separate normalising step")
-    prepare = tokenizer.normalize if args.normalize_punctuation else (lambda line: line)
-    search = dict(framework=args.framework, beam=args.beam, alpha=args.alpha,
-                  max_len=args.max_len, batch_size=args.batch_size, nbest=args.nbest or 1,
-                  sampling=sampling, length_penalty_style=args.length_penalty_style)
-    start = time.perf_counter()
-    if not args.input and not args.output and stdin_is_a_stream():
-        count = 0  # a pipe or a terminal: each batch of the lines waiting, as they come
-        for lines in stream_batches(sys.stdin.buffer, args.batch_size):
+    if args.output not in (None, STDIO):
+        check_not_input(args.output, args.input)
+    with Output(args.output) as output:
+        model, tokenizer = load(args.checkpoint, args.framework)
+        set_languages(tokenizer, args.src_lang, args.tgt_lang)
+        if args.normalize_punctuation and not tokenizer.normalizes:
+            raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm "
+                                 f"+ vocab.json); {args.checkpoint}'s tokenizer "
+                                 f"({type(tokenizer).__name__}) has no separate normalising step")
+        prepare = tokenizer.normalize if args.normalize_punctuation else (lambda line: line)
+        search = dict(framework=args.framework, beam=args.beam, alpha=args.alpha,
+                      max_len=args.max_len, batch_size=args.batch_size, nbest=args.nbest or 1,
+                      sampling=sampling, length_penalty_style=args.length_penalty_style)
+        streaming = args.input in (None, STDIO) and stdin_is_a_stream()
+        batches = (stream_batches(sys.stdin.buffer, args.batch_size) if streaming
+                   else [read_input(args.input)])
+        progress = None if streaming else lambda batches: tqdm(  # noqa: E731
+            batches, desc="batches", unit="batch", file=sys.stderr, disable=None)
+        start, count = time.perf_counter(), 0
+        for lines in batches:  # a pipe or a terminal: the lines waiting, as they come
             hypotheses = search_lines([prepare(line) for line in lines], model, tokenizer,
-                                      first_line=count + 1, **search)
-            sys.stdout.write(formatted(hypotheses, args, first_index=count))
-            sys.stdout.flush()
+                                      first_line=count + 1, progress=progress, **search)
+            output.write(formatted(hypotheses, args, first_index=count))
+            output.flush()
             count += len(lines)
-    else:
-        lines = [prepare(line) for line in read_input(args.input)]
-        progress = lambda batches: tqdm(batches, desc="batches", unit="batch",  # noqa: E731
-                                        file=sys.stderr, disable=None)
-        write_output(args.output, formatted(search_lines(lines, model, tokenizer,
-                                                         progress=progress, **search), args))
-        count = len(lines)
-    how = ("sampling" if sampling else "greedy" if args.beam == 1 else f"beam {args.beam}")
-    print(f"translated {count} sentences in {time.perf_counter() - start:.1f}s "
-          f"({args.framework}, {how})", file=sys.stderr)
+        seconds = time.perf_counter() - start
+    how = "sampling" if sampling else "greedy" if args.beam == 1 else f"beam {args.beam}"
+    print(f"translated {count} sentences in {seconds:.1f}s ({args.framework}, {how})",
+          file=sys.stderr)
     return 0
-
-
-def read_input(path: str | None) -> list[str]:
-    """--input's lines, or all of stdin's."""
-    if not path:
-        return split_lines(sys.stdin.buffer.read(), "stdin")
-    try:
-        return split_lines(Path(path).read_bytes(), f"--input {path}")
-    except OSError as e:
-        raise TranslateError(f"cannot read --input {path}: {e}") from e
-
-
-def write_output(path: str | None, text: str) -> None:
-    """`text` to --output (written atomically), or to stdout."""
-    if not path:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    try:
-        checkpoint_dir.write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-    except OSError as e:
-        raise TranslateError(f"cannot write --output {path}: {e}") from e
 
 
 def stdin_is_a_stream() -> bool:

@@ -95,8 +95,8 @@ def write_tokenizer(src_dir: Path, out_dir: Path, copied, json_name: str,
     """Copy the `copied` files of `src_dir` into `out_dir` and write `contents` as
     `json_name` beside them, each file whole or not at all."""
     for name in copied:
-        checkpoint_dir.write_atomically(out_dir / name,
-                                        lambda p, name=name: shutil.copyfile(src_dir / name, p))
+        checkpoint_dir.write_atomically(out_dir / name, lambda p, name=name: shutil.copyfile(
+            checkpoint_dir.file_to_copy(src_dir, name), p))
     text = json.dumps(contents, ensure_ascii=False)
     checkpoint_dir.write_atomically(out_dir / json_name,
                                     lambda p: p.write_text(text, encoding="utf-8"))

@@ -156,7 +156,8 @@ def _write_marian_dir(out_dir: Path, src_dir: Path, config: TransformerConfig,
         for name in MARIAN_TOKENIZER_FILES:
             if (src_dir / name).is_file():
                 checkpoint_dir.write_atomically(
-                    out_dir / name, lambda p, name=name: shutil.copyfile(src_dir / name, p))
+                    out_dir / name, lambda p, name=name: shutil.copyfile(
+                        checkpoint_dir.file_to_copy(src_dir, name), p))
         MarianTokenizer(out_dir).check_fits(config)
         return "copied"
     if vocab is None:

@@ -179,7 +179,7 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
         checkpoint_dir.save_dir(tmp, config, tensors)
         copied = [name for name in MARIAN_TOKENIZER_FILES if (src_dir / name).is_file()]
         for name in copied:
-            shutil.copyfile(src_dir / name, tmp / name)
+            shutil.copyfile(checkpoint_dir.file_to_copy(src_dir, name), tmp / name)
         if "vocab.json" in copied:
             MarianTokenizer(tmp).check_fits(config)
     return config

@@ -3,7 +3,7 @@
     read_init_dir(DIR)       its config and tokenizer, checked (TrainError naming DIR)
     model_defaults(config)   the model flags' defaults: DIR's config
     check_settings(s, init)  refuse model flags (and --task, --max-len) DIR's model contradicts,
-                             and language codes its tokenizer lacks or needs
+                             language codes its tokenizer lacks or needs, a --workdir in DIR
     run_config(config, m)    DIR's config with the training-only overrides (--dropout)
     fingerprint(DIR)         what run_args.json records: a resume needs the same DIR
     install_tokenizer(...)   DIR's tokenizer files copied into WORKDIR/tokenizer/, loaded
@@ -81,6 +81,8 @@ def read_init_dir(path: str | Path) -> InitDir:
             shapes = {key: _Shape(tuple(weights.get_slice(key).get_shape()))
                       for key in weights.keys()}
         checkpoint_dir.check_state_dict(shapes, config, source=str(directory / WEIGHTS_FILE))
+        for name in tokenizer_files(directory):  # copied into the run and its export
+            checkpoint_dir.file_to_copy(directory, name)
         tokenizer = checkpoint_dir.load_tokenizer(directory)
         tokenizer.check_fits(config)
     except TrainError:
@@ -109,6 +111,7 @@ def check_settings(settings: RunSettings, init: InitDir) -> None:
     architecture, a --max-len beyond its positions."""
     where = f"--init-from {init.directory}"
     config = init.config
+    check_workdir(settings.train.workdir, init.directory)
     if init.task is None:
         raise TrainError(f"{where}: its model is {config.architecture}; train.py trains "
                          + " and ".join(f"{a} (--task {t})" for t, a in TASK_ARCHITECTURES.items()))
@@ -126,6 +129,18 @@ def check_settings(settings: RunSettings, init: InitDir) -> None:
         raise TrainError(f"--max-len {settings.data.max_len} is longer than the positions of "
                          f"{where} (max_len {config.max_len})")
     set_languages(init.tokenizer, language_codes(settings), where)
+
+
+def check_workdir(workdir: str, directory: Path) -> None:
+    """Refuse a --workdir that is, holds or sits inside DIR: the run would write its
+    config.json, checkpoints and export into the checkpoint it starts from."""
+    work, init = Path(workdir).resolve(), Path(directory).resolve()
+    relation = ("is" if work == init else "holds" if work in init.parents
+                else "sits inside" if init in work.parents else None)
+    if relation:
+        raise TrainError(f"--workdir {workdir} {relation} --init-from {directory}: the run "
+                         "would write its files into the checkpoint it starts from; give a "
+                         "--workdir outside it")
 
 
 def language_codes(settings: RunSettings) -> tuple[str | None, str | None]:
@@ -193,7 +208,8 @@ def install_tokenizer(init: InitDir, workdir: Path, codes: tuple[str | None, str
     target.mkdir(parents=True)
     for name in tokenizer_files(init.directory):
         checkpoint_dir.write_atomically(
-            target / name, lambda p, name=name: shutil.copyfile(init.directory / name, p))
+            target / name, lambda p, name=name: shutil.copyfile(
+                checkpoint_dir.file_to_copy(init.directory, name), p))
     tokenizer = checkpoint_dir.load_tokenizer(target)
     tokenizer.check_fits(init.config)
     set_languages(tokenizer, codes, f"--init-from {init.directory}")

@@ -290,6 +290,7 @@ class TrainingRun:
             f"{compiled['cache_hits']} loaded from the cache")
         if self.start is not None and start_step == 0:  # the starting model, at step 0
             metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
+                              dev_nll=self.start["dev"]["nll"],
                               dev_perplexity=self.start["dev"]["perplexity"])
         if start_step < self.settings.train.steps:  # at the first step these programs train
             metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
@@ -309,21 +310,23 @@ class TrainingRun:
         return read[-1].loss if read else None
 
     def evaluate_dev(self, state, step: int, loss: float, metrics_log: MetricsLog) -> dict:
-        """The dev loss at `step` and, translating, BLEU and chrF of the dev set translated
+        """The dev loss at `step` (label-smoothed, as training's), the dev nll and perplexity
+        exp(nll) and, translating, BLEU and chrF of the dev set translated
         (--dev-bleu-sentences), written and printed beside the newest training loss;
-        returns them as --keep-best names them."""
+        returns the scores as --keep-best names them."""
         dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
         scores = self.task.dev_scores(self.trainer.local_model(state), self.tokenizer,
                                       self.data.examples("dev"), self.settings.train)
         self.dev_scores = step, scores
         translated = {f"dev_{k}": scores[k] for k in ("bleu", "chrf", "decode_seconds")
                       if k in scores}
-        metrics_log.write(step=step, dev_loss=dev["loss"], dev_perplexity=dev["perplexity"],
-                          **translated)
-        log(f"step {step}: train loss {loss:.4f}, dev loss {dev['loss']:.4f}, "
-            f"dev perplexity {dev['perplexity']:.3f}"
-            + (f", dev BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} ({scores['sentences']} "
-               f"sentences translated in {scores['decode_seconds']:.1f} s)" if scores else ""))
+        metrics_log.write(step=step, dev_loss=dev["loss"], dev_nll=dev["nll"],
+                          dev_perplexity=dev["perplexity"], **translated)
+        log(f"step {step}: label-smoothed loss: train {loss:.4f}, dev {dev['loss']:.4f}; "
+            f"dev nll {dev['nll']:.4f}, dev perplexity {dev['perplexity']:.3f} (exp of the nll)"
+            + (f", dev BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
+               f"({scores['sentences']} sentences translated in {scores['decode_seconds']:.1f} s)"
+               if scores else ""))
         return {"dev_loss": dev["loss"], **{k: v for k, v in translated.items()
                                             if k != "dev_decode_seconds"}}
 

@@ -94,6 +94,20 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# The settings that name a file or directory. An empty one is an unset shell variable
+# (--init-from "$CKPT"), refused rather than read as none or as the current directory.
+PATH_SETTINGS = ("data", "text_path", "src_path", "tgt_path", "columns_path", "dev_src_path",
+                 "dev_tgt_path", "test_src_path", "test_tgt_path", "workdir", "init_from",
+                 "compile_cache")
+
+
+def refuse_empty_paths(settings) -> None:
+    """A TrainError naming the first of `settings`' PATH_SETTINGS that is ""."""
+    for name in PATH_SETTINGS:
+        require(getattr(settings, name, None) != "",
+                f"{flag(name)} is an empty path (an unset shell variable?)")
+
+
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
@@ -137,6 +151,7 @@ class DataSettings:
                               "one update), padding included, like fairseq's --max-tokens")
 
     def __post_init__(self):
+        refuse_empty_paths(self)
         require(self.task in TASK_ARCHITECTURES, f"--task must be one of "
                 f"{', '.join(TASK_ARCHITECTURES)}, got {self.task!r}")
         pair_flags = [flag(name) for name in
@@ -395,6 +410,7 @@ class TrainSettings:
         factory=default_compile_cache, metavar="DIR", resumable=True)
 
     def __post_init__(self):
+        refuse_empty_paths(self)
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
                      "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "

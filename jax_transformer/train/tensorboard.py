@@ -42,7 +42,7 @@ EventsWriter, Event, SessionLog, Summary = _import_tensorboardx()
 
 TENSORBOARD_DIR = "tensorboard"
 TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
-        "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss",
+        "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss", "dev_nll": "dev/nll",
         "dev_perplexity": "dev/perplexity", "compile_seconds": "compile/seconds"}
 
 

@@ -65,13 +65,8 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
     """Record the settings of a new run (`recorded_settings`; the `primary` process
     writes them); refuse to resume one with other settings."""
     path = workdir / RUN_ARGS_FILE
-    if resuming and path.exists():
-        try:
-            saved = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
-                             "--workdir") from None
-        saved = run_args.upgrade(saved)
+    if resuming:
+        saved = run_args.upgrade(read_run_settings(path))
         check_init_from(workdir, saved.get(FINGERPRINT), settings.get(FINGERPRINT))
         changed = sorted(k for k in settings if saved.get(k) != settings[k])
         if changed:
@@ -81,6 +76,39 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
                              "resume with the same flags or use a new --workdir")
     elif primary:
         write_text_atomically(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def read_run_settings(path: Path) -> dict:
+    """A resumed run's run_args.json, which must be there and hold a JSON object: without
+    it the checkpoints' settings are unknown, and a resume with other model flags would
+    record them as the run's."""
+    if not path.exists():
+        raise TrainError(f"{path.parent} holds checkpoints but no {path.name} (the settings "
+                         "they were trained with); restore it or use a new --workdir")
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TrainError(f"{path} is not valid JSON ({e}); restore it or use a new "
+                         "--workdir") from None
+    if not isinstance(saved, dict):
+        raise TrainError(f"{path} holds {json.dumps(saved)[:40]}, not a JSON object of "
+                         "settings; restore it or use a new --workdir")
+    return saved
+
+
+def metrics_step(path: Path, number: int, line: str) -> int | None:
+    """The step of line `number` of metrics.jsonl: None for a blank line or one a crash cut
+    short (not JSON, dropped with a warning); a TrainError for JSON that is not a record."""
+    try:
+        record = json.loads(line) if line else None
+    except json.JSONDecodeError:
+        print(f"warning: {path}: dropped line {number}, which is not JSON (a "
+              f"write cut short): {line[:80]!r}", file=sys.stderr)
+        return None
+    if record is not None and not (isinstance(record, dict) and type(record.get("step")) is int):
+        raise TrainError(f"{path}: line {number} is not a metrics record (an object with an "
+                         f"integer \"step\"): {line[:80]!r}; delete or mend it")
+    return None if record is None else record["step"]
 
 
 class MetricsLog:
@@ -98,13 +126,8 @@ class MetricsLog:
         kept = []
         if resume_step and path.exists():
             for number, line in enumerate(path.read_text().split("\n"), start=1):
-                try:
-                    record = json.loads(line) if line else None
-                except json.JSONDecodeError:
-                    print(f"warning: {path}: dropped line {number}, which is not JSON (a "
-                          f"write cut short): {line[:80]!r}", file=sys.stderr)
-                    continue
-                if record is not None and record["step"] <= resume_step:
+                step = metrics_step(path, number, line)
+                if step is not None and step <= resume_step:
                     kept.append(line)
         write_text_atomically(path, "".join(line + "\n" for line in kept))
         self.file = path.open("a", buffering=1)

@@ -43,7 +43,8 @@ def dev_losses(workdir) -> list[tuple[int, float]]:
 # here rather than read from jax_transformer.train.tensorboard, so a dropped tag fails)
 TENSORBOARD_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
                     "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss",
-                    "dev_perplexity": "dev/perplexity", "compile_seconds": "compile/seconds"}
+                    "dev_nll": "dev/nll", "dev_perplexity": "dev/perplexity",
+                    "compile_seconds": "compile/seconds"}
 
 
 def tensorboard_scalars(directory) -> dict[str, list[tuple[int, float]]]:

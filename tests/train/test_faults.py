@@ -8,6 +8,7 @@ import concurrent.futures
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -312,6 +313,64 @@ def test_a_corpus_changed_under_a_run_is_named_on_resume(tmp_path):
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: the training data differ from those of checkpoint 2")
     assert "--src-path / --tgt-path" in last_line
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    """A work directory saved at step 4, for the tests below to copy and damage."""
+    workdir = tmp_path_factory.mktemp("saved_run")
+    tiny_run(workdir, "--steps", "4")
+    return workdir
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def resume_refused(workdir: Path, *flags: str) -> str:
+    """Resume `workdir` with train.py: it must exit 2 with one line and change nothing in
+    the work directory; returns the line."""
+    before = files(workdir)
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(workdir), *TINY,
+                             "--steps", "8", *flags], cwd=REPO_ROOT, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert files(workdir) == before
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["run_args null", "run_args list", "metrics {}"])
+def test_a_settings_or_metrics_file_of_another_shape_is_named(saved_run, tmp_path, damage):
+    """Before: run_args.json holding null or [1, 2] was a TypeError traceback
+    (dict(None)), and a metrics.jsonl line {} a KeyError ('step')."""
+    workdir = tmp_path / "run"
+    shutil.copytree(saved_run, workdir)
+    if damage.startswith("run_args"):
+        text = "null" if damage.endswith("null") else "[1, 2]"
+        (workdir / "run_args.json").write_text(text + "\n")
+        message = (f"error: {workdir / 'run_args.json'} holds {text}, not a JSON object of "
+                   "settings; restore it or use a new --workdir")
+    else:
+        lines = (workdir / "metrics.jsonl").read_text().splitlines()
+        (workdir / "metrics.jsonl").write_text("\n".join(lines[:2] + ["{}"] + lines[2:]) + "\n")
+        message = (f"error: {workdir / 'metrics.jsonl'}: line 3 is not a metrics record (an "
+                   "object with an integer \"step\"): '{}'; delete or mend it")
+    assert resume_refused(workdir) == message
+
+
+@pytest.mark.slow
+def test_a_resume_without_run_args_is_refused(saved_run, tmp_path):
+    """Before: with run_args.json deleted, a resume with other model flags was accepted:
+    the old model went on (from config.json), the new flags were written to run_args.json,
+    and the right flags were refused from then on."""
+    workdir = tmp_path / "run"
+    shutil.copytree(saved_run, workdir)
+    (workdir / "run_args.json").unlink()
+    assert resume_refused(workdir, "--d-model", "64") == (
+        f"error: {workdir} holds checkpoints but no run_args.json (the settings they were "
+        "trained with); restore it or use a new --workdir")
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ converted Marian model against transformers in parity_tests/test_finetune.py).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +105,56 @@ def test_a_bad_init_dir_or_model_flag_is_one_line_before_any_work(small_dir, tmp
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("error: " + message.format(dir=small_dir, tmp=tmp_path)), line
     assert not (tmp_path / "run").exists()  # refused while parsing the flags
+
+
+@pytest.mark.slow
+def test_an_abbreviated_flag_is_not_taken_for_another(small_dir, tmp_path):
+    """Before: `--pres base` (to argparse, a prefix of --preset) slipped past the check
+    that refuses --preset beside --init-from, and the run trained DIR's model, exit 0."""
+    result = run_train("--workdir", str(tmp_path / "run"), "--init-from", str(small_dir),
+                       *DATA, "--steps", "1", "--pres", "base")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines() == ["error: unrecognized arguments: --pres base",
+                                          "see jaxformer-train --help"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("relation", ["is", "holds", "sits inside"])
+def test_a_workdir_in_the_init_dir_is_refused(small_dir, tmp_path, relation):
+    """Before: `--workdir X --init-from X` trained, writing its config.json and
+    checkpoints into the checkpoint it started from, whose fingerprint then changed, so
+    the run refused to resume for ever."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(small_dir, directory)
+    workdir = {"is": directory, "holds": tmp_path, "sits inside": directory / "run"}[relation]
+    before = sorted(path.read_bytes() for path in directory.rglob("*") if path.is_file())
+    result = run_train("--workdir", str(workdir), "--init-from", str(directory), *DATA,
+                       "--steps", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        f"error: --workdir {workdir} {relation} --init-from {directory}: the run would write "
+        "its files into the checkpoint it starts from; give a --workdir outside it"]
+    assert sorted(path.read_bytes() for path in directory.rglob("*") if path.is_file()) == before
+
+
+@pytest.mark.slow
+def test_a_tokenizer_file_linked_out_of_the_init_dir_is_refused(small_dir, tmp_path):
+    """Before: the link's target (any file the user can read) was copied into
+    WORKDIR/tokenizer/ and into the shareable export/ as special_tokens_map.json."""
+    directory = tmp_path / "ckpt"
+    shutil.copytree(small_dir, directory)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"password": "hunter2"}')
+    (directory / "special_tokens_map.json").symlink_to(secret)
+    result = run_train("--workdir", str(tmp_path / "run"), "--init-from", str(directory),
+                       *DATA, "--steps", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    link = directory / "special_tokens_map.json"
+    assert result.stderr.splitlines() == [
+        f"error: --init-from {directory}: {link} is a link to {secret}, outside {directory}; "
+        f"copy the file itself into {directory}"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir, tmp_path):
@@ -216,6 +267,7 @@ def test_step_one_starts_from_exactly_the_exported_weights(exported, tmp_path):
     start = json.loads((tuned / "start_eval.json").read_text())
     assert start["dev"]["loss"] == json.loads((source / "eval.json").read_text())["dev"]["loss"]
     assert records(tuned)[0] == {"step": 0, "dev_loss": start["dev"]["loss"],
+                                 "dev_nll": start["dev"]["nll"],
                                  "dev_perplexity": start["dev"]["perplexity"]}
     assert json.loads((tuned / "eval.json").read_text())["start"] == start
     # --freeze embeddings: the tied embedding is the exported one still, the layers moved.

@@ -81,6 +81,24 @@ def test_tensorboard_holds_every_metric_at_its_global_step(reference_run):
 
 
 @pytest.mark.slow
+def test_the_progress_line_names_the_label_smoothed_loss_and_the_nll(tmp_path):
+    """Before: `step 6: train loss 4.3450, dev loss 4.3113, dev perplexity 57.226`: the
+    loss is label-smoothed and the perplexity exp of the nll, which was shown nowhere (a
+    converged run printed "dev loss 1.271, dev perplexity 1.301")."""
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *TINY,
+                             "--steps", "6"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("step 6: ")]
+    [train] = [r["loss"] for r in records(tmp_path) if r["step"] == 6 and "loss" in r]
+    [dev] = [r for r in records(tmp_path) if "dev_loss" in r]
+    assert line == (f"step 6: label-smoothed loss: train {train:.4f}, dev {dev['dev_loss']:.4f}; "
+                    f"dev nll {dev['dev_nll']:.4f}, dev perplexity {dev['dev_perplexity']:.3f} "
+                    "(exp of the nll)")
+    assert dev["dev_perplexity"] == pytest.approx(math.exp(dev["dev_nll"]))
+
+
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(reference_run, tmp_path):
     reference, _ = reference_run
     tiny_run(tmp_path, "--steps", "8")
