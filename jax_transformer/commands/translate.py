@@ -33,6 +33,7 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import contextlib
 import io
@@ -54,6 +55,27 @@ from jax_transformer.commands import exit_codes, parsing
 from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
                                    split_lines)
+
+
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    """--nbest, --print-scores, and --sample with its settings."""
+    p.add_argument("--nbest", type=int, default=None, metavar="K",
+                   help="write the K best translations of each line (at most --beam), best "
+                        "first, each as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index; "
+                        "the search's score: log-probability over the length penalty)")
+    p.add_argument("--print-scores", action="store_true",
+                   help="write SCORE<TAB>TRANSLATION for each line's best translation")
+    p.add_argument("--sample", action="store_true",
+                   help="sample one translation per line (--temperature, --top-k, --top-p, "
+                        "--seed) instead of searching for the best")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="--sample: sampling temperature; 0 = greedy (default 1)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="--sample: from the k most likely tokens; 0 = all (default)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="--sample: from the smallest set of most likely tokens whose "
+                        "probability reaches p; 1 = all (default)")
+    p.add_argument("--seed", type=int, default=None, help="--sample: the draws' seed (default 0)")
 
 
 def parse_args(argv=None):
@@ -83,23 +105,7 @@ def parse_args(argv=None):
                    help="most output tokens per sentence (default: twice the padded source "
                         "length + 10, at most the model's max_len)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--nbest", type=int, default=None, metavar="K",
-                   help="write the K best translations of each line (at most --beam), best "
-                        "first, each as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index; "
-                        "the search's score: log-probability over the length penalty)")
-    p.add_argument("--print-scores", action="store_true",
-                   help="write SCORE<TAB>TRANSLATION for each line's best translation")
-    p.add_argument("--sample", action="store_true",
-                   help="sample one translation per line (--temperature, --top-k, --top-p, "
-                        "--seed) instead of searching for the best")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="--sample: sampling temperature; 0 = greedy (default 1)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="--sample: from the k most likely tokens; 0 = all (default)")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="--sample: from the smallest set of most likely tokens whose "
-                        "probability reaches p; 1 = all (default)")
-    p.add_argument("--seed", type=int, default=None, help="--sample: the draws' seed (default 0)")
+    add_output_flags(p)
     p.add_argument("--normalize-punctuation", action="store_true",
                    help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "
                         "line first, as transformers' MarianTokenizer.normalize")
