@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_serve,
+                        finishing,
                         bench_train, race, report, step_variants)
 from benchmarks.report import Report, Table
 
@@ -354,7 +355,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
               "data": bench_data,
               "race": race, "compile": bench_compile, "serve": bench_serve,
-              "step": step_variants}[results.stem.split("_")[0]]
+              "step": step_variants, "finishing": finishing}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -516,3 +517,29 @@ def test_device_idle_counts_the_union_of_gpu_events_only(tmp_path):
     with gzip.open(run / "host.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": events}, f)
     assert device_idle.busy_and_span(str(tmp_path)) == (25, 30)
+
+
+@pytest.mark.slow  # train.py and six test translations
+def test_finishing_smoke(tmp_path):
+    """A tiny run on a small natural-length corpus: the three models (last, best by dev
+    BLEU, the average of the newest) each translate with both searches, and the page
+    shows every row."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_natural_corpus(corpus)
+    out = tmp_path / "finishing.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "finishing.py"),
+                    "--corpus", str(corpus), "--src", "src", "--tgt", "tgt",
+                    "--workdir", str(tmp_path / "run"), "--steps", "12", "--every", "4",
+                    "--dev-bleu-sentences", "10", "--test-sentences", "5", "--model-flags",
+                    "--d-model 32 --heads 4 --d-ff 64 --layers 1 --vocab-size 120 "
+                    "--max-len 64 --max-tokens 1024 --warmup 4", "--out", str(out)],
+                   check=True, capture_output=True, text=True, timeout=900)
+    result = json.loads(out.read_text())
+    rows = {(r["model"], r["search"]): r for r in result["results"]}
+    assert set(rows) == {(model, search) for model in (
+        "last", "best by dev BLEU", "average of the newest 3") for search in finishing.SEARCHES}
+    assert rows["average of the newest 3", "greedy"]["steps"] == [4, 8, 12]
+    assert [r["step"] for r in result["dev_bleu_curve"]] == [4, 8, 12]
+    assert_cells(out.with_suffix(".md").read_text(), "average of the newest 3", "4 8 12",
+                 "beam 4, alpha 0.6", f"{rows['last', 'greedy']['bleu']:.2f}")

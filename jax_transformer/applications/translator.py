@@ -122,7 +122,8 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     batches and padded to one of the `source_widths` of the longest source's length
     rounded up to a power of two (at most the model's max_len), so JAX compiles each
     search at most SOURCE_WIDTHS times whatever the lengths, not once per batch, and
-    buffers grow with the input, not with max_len. `length_penalty_style` "hf" is transformers' beam search (length_penalty = alpha).
+    buffers grow with the input, not with max_len. `length_penalty_style` "hf" is
+    transformers' beam search (length_penalty = alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:

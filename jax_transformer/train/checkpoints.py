@@ -54,13 +54,14 @@ UNFINISHED_SAVE = ".orbax-checkpoint-tmp"  # in the name of a save orbax has not
 class Checkpointer:
     def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
                  clean_up: bool = False, best: str | None = None):
-        """`best`: a metric (train.settings.BEST_METRICS) by which the best checkpoint saved
-        with metrics is kept besides the newest `keep`. `clean_up`: remove the unfinished saves (orbax's *.orbax-checkpoint-tmp*
-        directories) a killed or failed run left, before anything else (the primary
-        process); for the training run, which holds the work directory, never for a
-        reader (port, parity) that may look at a directory a run is writing. Done here,
-        not by orbax's cleanup_tmp_directories, which runs on a thread that close()
-        does not wait for: a run failing early then printed its traceback at exit."""
+        """`best`: a metric (train.settings.BEST_METRICS) by which the best checkpoint
+        saved with metrics is kept besides the newest `keep`. `clean_up`: remove the
+        unfinished saves (orbax's *.orbax-checkpoint-tmp* directories) a killed or failed
+        run left, before anything else (the primary process); for the training run, which
+        holds the work directory, never for a reader (port, parity) that may look at a
+        directory a run is writing. Done here, not by orbax's cleanup_tmp_directories,
+        which runs on a thread that close() does not wait for: a run failing early then
+        printed its traceback at exit."""
         directory = Path(workdir).absolute() / CHECKPOINTS
         if clean_up and jax.process_index() == 0 and directory.is_dir():
             for unfinished in directory.glob(f"*{UNFINISHED_SAVE}*"):

@@ -4,11 +4,12 @@ Inside `deferred_stops()` the first signal only records a request; the training
 loop looks at it between steps, so the checkpoint it then saves holds a model
 and a data position that belong together, and metrics.jsonl has every line up
 to that step. A time budget (--time-budget) stops the run the same way once its
-deadline has passed, and --patience once it has run out (train.selection). A second signal exits at once (`signals.exit_at_once`): the step is
-abandoned, the newest checkpoint on disk is the last one saved (orbax renames
-a checkpoint into place only when it is complete), and a resume drops the
-metrics past it. On several hosts, all processes stop after the same step, without waiting for
-the devices: process 0 decides through JAX's coordination service (train.peers).
+deadline has passed, and --patience once it has run out (train.selection). A second
+signal exits at once (`signals.exit_at_once`): the step is abandoned, the newest
+checkpoint on disk is the last one saved (orbax renames a checkpoint into place only
+when it is complete), and a resume drops the metrics past it. On several hosts, all
+processes stop after the same step, without waiting for the devices: process 0
+decides through JAX's coordination service (train.peers).
 """
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.report import replicas, training_report
-from jax_transformer.train.selection import Patience
 from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
                                           set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
@@ -61,6 +60,7 @@ class TrainingRun:
         self.task = TASKS[settings.data.task]
         self.started = time.monotonic()  # --time-budget counts from here
         self.init, self.start = init, None  # fine-tuning: DIR, and the starting model's scores
+        self.dev_scores = None, {}  # the newest evaluation's step and dev BLEU and chrF
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
@@ -201,7 +201,7 @@ class TrainingRun:
         metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
                                  tensorboard=self.workdir / TENSORBOARD_DIR
                                  if settings.tensorboard else None)
-        patience = Patience(settings.keep_best, settings.patience,
+        patience = selection.Patience(settings.keep_best, settings.patience,
                             self.workdir / METRICS_FILE if self.primary else None)
         finished = patience.spent()  # a resumed run that stopped early: finish it untrained
         ahead_seconds = 0.0 if finished else self.compile_ahead(state, step)
@@ -251,7 +251,7 @@ class TrainingRun:
         return state, report
 
     def after_step(self, state, step: int, data_state: dict, late: LateMetrics, outputs,
-                   patience: Patience, stops: interrupts.StopRequests) -> None:
+                   patience: selection.Patience, stops: interrupts.StopRequests) -> None:
         """What is due after `step`: the metrics read into `outputs` (the metrics log
         and the progress bar), an evaluation, a checkpoint (with --keep-best, at every
         evaluation, with its scores); a stop request once --patience has run out."""
@@ -330,8 +330,8 @@ class TrainingRun:
         return {"dev_loss": dev["loss"], **{k: v for k, v in translated.items()
                                             if k != "dev_decode_seconds"}}
 
-    def say_why_stopped(self, stops: interrupts.StopRequests, patience: Patience, step: int,
-                        start_step: int, setting_up: float) -> None:
+    def say_why_stopped(self, stops: interrupts.StopRequests, patience: selection.Patience,
+                        step: int, start_step: int, setting_up: float) -> None:
         """A line when --time-budget or --patience stopped the run (see budget_spent)."""
         if stops.out_of_time:
             self.budget_spent(step, start_step, setting_up)
@@ -430,7 +430,7 @@ class TrainingRun:
     def final_dev_scores(self, model, state, export: dict) -> dict:
         """The exported model's dev BLEU and chrF: the last evaluation's where it judged
         this model (--export last, trained up to here), else translated now."""
-        step, scores = getattr(self, "dev_scores", (None, None))
+        step, scores = self.dev_scores
         if export["model"] == "last" and step == int(state.step):
             return scores
         return self.task.dev_scores(model, self.tokenizer, self.data.examples("dev"),
