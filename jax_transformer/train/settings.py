@@ -30,6 +30,7 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
 MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
+MAX_WAIT_SECONDS = 86400  # --peer-timeout and --join-timeout: a day
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -348,7 +349,14 @@ class TrainSettings:
     process_id: int | None = setting(None, "--distributed: this process's number, 0 to "
                                      "--num-processes - 1", resumable=True)
     peer_timeout: float = setting(20.0, "--distributed: a process that stops answering for "
-                                        "this many seconds ends the run on every process",
+                                        "this many seconds ends the run on every process "
+                                        f"(at most {MAX_WAIT_SECONDS})",
+                                  metavar="SECONDS", resumable=True)
+    join_timeout: float = setting(300.0, "--distributed: how long a process waits at the start "
+                                         "for every process to join the run (process 0 serves "
+                                         "the coordinator the others connect to); it says what "
+                                         "it waits for after a few seconds "
+                                         f"(at most {MAX_WAIT_SECONDS})",
                                   metavar="SECONDS", resumable=True)
     cpu_devices: int | None = setting(
         None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
@@ -394,8 +402,10 @@ class TrainSettings:
         require(0 <= self.seed <= MAX_SEED, f"--seed must be from 0 to {MAX_SEED}, "
                                             f"got {self.seed}")
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
-        require(self.peer_timeout > 0, f"--peer-timeout must be positive (seconds), "
-                                       f"got {self.peer_timeout}")
+        for name in ("peer_timeout", "join_timeout"):  # JAX takes whole seconds in a C int
+            require(0 < getattr(self, name) <= MAX_WAIT_SECONDS, f"{flag(name)} must be "
+                    f"positive and at most {MAX_WAIT_SECONDS} (seconds, a day), "
+                    f"got {getattr(self, name)}")
         coordinates = [flag(name) for name in ("coordinator_address", "num_processes",
                                                "process_id") if getattr(self, name) is not None]
         require(self.distributed or not coordinates,

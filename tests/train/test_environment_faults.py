@@ -9,9 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from jax_transformer.commands.launch import free_port
 from tests.train.runs import REPO_ROOT, TINY
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
@@ -53,6 +56,95 @@ def test_distributed_without_a_coordinator_names_what_is_missing(tmp_path, addre
     result = train(tmp_path / "run", "--distributed", "--steps", "1", env=env)
     assert_one_error_line(result, 2, "error: --distributed: jax.distributed.initialize() "
                           + missing, "run without --distributed")
+
+
+@pytest.mark.parametrize("flag, variable, address", [
+    ("--coordinator-address", None, "garbage"),  # Before: IndexError (a traceback)
+    ("--coordinator-address", None, "localhost:notaport"),  # Before: a segfault, exit -11
+    (None, "JAX_COORDINATOR_ADDRESS", "10.0.0.1:99999"),
+])
+def test_a_coordinator_address_that_is_not_host_port_names_its_source(
+        tmp_path, flag, variable, address):
+    """Before: `IndexError: list index out of range` from JAX (garbage), a segmentation
+    fault after `Failed to add port to server` (localhost:notaport)."""
+    env = {k: v for k, v in ENV.items() if k not in CLUSTER_VARIABLES}
+    flags = [flag, address] if flag else []
+    if variable:
+        env[variable] = address
+    result = train(tmp_path / "run", "--distributed", *flags, "--num-processes", "2",
+                   "--process-id", "0", env=env, timeout=60)
+    assert_one_error_line(result, 2, f"error: {flag or variable} must be HOST:PORT, with a "
+                                     f"port from 1 to 65535 (e.g. 10.0.0.1:1234), got "
+                                     f"{address!r}")
+
+
+@pytest.mark.parametrize("seconds", ["inf", "1e12"])
+def test_a_peer_timeout_beyond_a_day_is_refused(tmp_path, seconds):
+    """Before: it passed the check, then `OverflowError: cannot convert float infinity to
+    integer` (inf) or a TypeError from JAX's service (1e12), each a traceback."""
+    result = train(tmp_path / "run", "--distributed", "--coordinator-address",
+                   f"127.0.0.1:{free_port()}", "--num-processes", "1", "--process-id", "0",
+                   "--peer-timeout", seconds, timeout=60)
+    assert_one_error_line(result, 2, "error: --peer-timeout must be positive and at most "
+                                     f"86400 (seconds, a day), got {float(seconds)}")
+
+
+def listening(port: int) -> set[str]:
+    """The addresses a socket listens on at `port`, as /proc/net/tcp{,6} write them."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+def test_joining_says_what_it_waits_for_and_gives_up_at_the_join_timeout(tmp_path):
+    """Process 0 of 2, whose peer never comes, on 127.0.0.1. Before: silent for JAX's
+    300 s start-up timeout, then an abort with a stack trace; and its coordinator
+    listened on every interface (`[::]:PORT`)."""
+    port = free_port()
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "train.py", "--workdir", str(tmp_path / "run"), *TINY, "--distributed",
+         "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
+         "--process-id", "0", "--join-timeout", "8"], cwd=REPO_ROOT, env=ENV,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        waiting = process.stderr.readline()
+        assert waiting == ("--distributed: waiting for the other processes of the run to "
+                           f"connect to its coordinator at 127.0.0.1:{port}, for up to 8 s "
+                           "(--join-timeout)\n"), waiting
+        assert time.monotonic() - started < 30
+        # 127.0.0.1 in /proc/net/tcp's hex, as IPv4 or as IPv4-mapped IPv6 (gRPC's choice)
+        assert listening(port) <= {"0100007F", "0000000000000000FFFF00000100007F"}
+        assert listening(port)
+        rest = process.communicate(timeout=60)[1]
+    finally:
+        process.kill()
+    assert_one_error_line(subprocess.CompletedProcess(process.args, process.returncode, "",
+                                                      waiting + rest), 2,
+                          "error: --distributed: gave up waiting for the other processes of "
+                          "the run to connect to its coordinator at 127.0.0.1:", "after 8 s "
+                          "(--join-timeout): are all processes started")
+
+
+def test_a_process_whose_coordinator_never_comes_gives_up_at_the_join_timeout(tmp_path):
+    """Process 1 of 2, nothing at 127.0.0.1:1. Before: silent for 300 s, then `F... Terminating
+    process because the JAX distributed service detected fatal errors ... DEADLINE_EXCEEDED`
+    and a stack trace (exit 134)."""
+    started = time.monotonic()
+    result = train(tmp_path / "run", "--distributed", "--coordinator-address", "127.0.0.1:1",
+                   "--num-processes", "2", "--process-id", "1", "--join-timeout", "4",
+                   timeout=60)
+    assert time.monotonic() - started < 40
+    assert result.stderr.startswith("--distributed: waiting for process 0's coordinator at "
+                                    "127.0.0.1:1 (and through it, the run's other processes), "
+                                    "for up to 4 s (--join-timeout)\n"), result.stderr
+    assert_one_error_line(result, 2, "error: --distributed: gave up waiting for process 0's "
+                                     "coordinator at 127.0.0.1:1")
 
 
 def cache_lines(stderr: str) -> list[str]:
