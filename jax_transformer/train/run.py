@@ -26,7 +26,7 @@ from tqdm import tqdm
 from jax_transformer import scanned, signals
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
-                                   finetune, host_memory, interrupts, plots)
+                                   finetune, host_memory, interrupts, jax_variables, plots)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
@@ -71,9 +71,11 @@ class TrainingRun:
         distributed.check_environment(settings)
         cpu_devices.split_cpu(self.settings)
         host_memory.keep_freed_memory()
+        if settings.distributed:
+            distributed.initialize(settings)
+        jax_variables.start_backends()
         if not settings.distributed:
             return self._run_or_disk_full()
-        distributed.initialize(settings)
         with distributed.together(settings, lambda: distributed.resume_hint(
                 Path(settings.workdir))):
             return self._run_or_disk_full()

@@ -147,6 +147,22 @@ def test_a_process_whose_coordinator_never_comes_gives_up_at_the_join_timeout(tm
                                      "coordinator at 127.0.0.1:1")
 
 
+@pytest.mark.parametrize("variable, value, says", [
+    ("JAX_NUM_CPU_DEVICES", "abc", "is not a value JAX takes"),
+    ("JAX_ENABLE_X64", "maybe", "is not a value JAX takes"),
+    ("JAX_PLATFORMS", "bogus", "names platforms JAX cannot start here"),  # RuntimeError
+    pytest.param("JAX_PLATFORMS", "cuda", "names platforms JAX cannot start here", marks=pytest.mark.skipif(
+        Path("/proc/driver/nvidia").exists(), reason="an NVIDIA GPU serves cuda here")),
+])
+def test_a_jax_variable_jax_cannot_use_is_one_line_naming_it(tmp_path, variable, value, says):
+    """Before: a traceback through JAX's import or backends, exit 1: `ValueError: Invalid
+    value "abc" for JAX flag jax_num_cpu_devices`, `ValueError: invalid truth value 'maybe'
+    for environment 'JAX_ENABLE_X64'`, `RuntimeError: Unable to initialize backend
+    'bogus'`, a bare `AssertionError` (cuda on a machine without a GPU)."""
+    result = train(tmp_path / "run", "--steps", "1", env={**ENV, variable: value}, timeout=120)
+    assert_one_error_line(result, 2, f"error: {variable}={value}", says)
+
+
 def cache_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines()
             if "compilation cache" in line or "--compile-cache" in line]
