@@ -91,7 +91,8 @@ class TrainingRun:
 
     def _run(self) -> dict:
         settings = self.settings.train
-        compiling.use_compilation_cache(settings.compile_cache, warn=log)
+        self.compile_cache = compiling.use_compilation_cache(settings.compile_cache,
+                                                             warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary
@@ -319,7 +320,7 @@ class TrainingRun:
                 f"stopped while compiling, before step {step + 1}; saved checkpoints "
                 "are intact; run the same command to resume")):
             log(f"compiling {len(programs)} programs ahead of time ("
-                + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
+                + (f"cache {self.compile_cache})" if self.compile_cache else "no cache)"))
             return compiling.compile_ahead(programs, log)
 
     def step(self, state, micro_batches):

@@ -187,6 +187,22 @@ def test_a_damaged_compile_cache_entry_is_replaced_with_one_warning(tmp_path):
     assert "0 programs compiled, 2 loaded from the cache" in again.stderr
 
 
+def test_a_default_compile_cache_that_cannot_be_made_is_no_cache_and_one_warning(tmp_path):
+    """HOME=/dev/null (a service account's), no --compile-cache given. Before: `error:
+    --compile-cache /dev/null/.cache/jax_transformer/xla cannot be created (Not a
+    directory)`, exit 2, naming a flag the user never gave."""
+    env = {k: v for k, v in ENV.items() if k not in ("XDG_CACHE_HOME",
+                                                     "JAX_COMPILATION_CACHE_DIR")}
+    result = train(tmp_path / "run", "--steps", "1", env={**env, "HOME": "/dev/null"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert cache_lines(result.stderr) == [
+        "warning: the compilation cache /dev/null/.cache/jax_transformer/xla (the default, "
+        "under HOME) cannot be created (Not a directory): every program is compiled afresh "
+        "and none is kept (--compile-cache DIR chooses another directory, --no-compile-cache "
+        "turns the cache off)"], result.stderr
+    assert "no cache)" in result.stderr  # compiling N programs ahead of time (no cache)
+
+
 @pytest.fixture
 def read_only_directory(tmp_path):
     """An empty directory no one can write to: a read-only bind mount as root (root
