@@ -31,8 +31,8 @@ from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.report import replicas, training_report
-from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
-                                          set_data_position)
+from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
+                                          run_tokenizer, set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import build_trainer
 from jax_transformer.train.task import TASKS
@@ -132,9 +132,11 @@ class TrainingRun:
             log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
         check_run_settings(self.workdir, recorded, self.resuming, self.primary)
         special_ids = self.prepare_data(recorded.get(FINGERPRINT))
+        saved = self.checkpointer.data_state() if self.resuming else None
         self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
                                     self.settings.data, settings.seed, special_ids,
-                                    {split: self.data.fingerprint(split) for split in SPLITS})
+                                    {split: self.data.fingerprint(split) for split in SPLITS},
+                                    batch_multiple(saved))
         config = self.model_config()
         weights = None
         if init is not None and not self.resuming:  # a resume restores its own weights

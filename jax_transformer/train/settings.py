@@ -362,7 +362,10 @@ class TrainSettings:
         None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
               "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
               "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
-              "docs/performance.md); a resumed run may change it", metavar="N", resumable=True)
+              "docs/performance.md); a resumed run may change it to a number dividing the "
+              "device count its checkpoint was saved on (its batches keep their rows, which "
+              "are rounded down to a multiple of that count), not to another",
+        metavar="N", resumable=True)
     quiet: bool = setting(False, "no progress bar", resumable=True)
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
                                       "for `tensorboard --logdir WORKDIR`", resumable=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jax_transformer.commands.launch import free_port
-from tests.train.runs import REPO_ROOT, TINY
+from tests.train.runs import REPO_ROOT, TINY, losses
 
 pytestmark = pytest.mark.slow  # train.py subprocesses
 ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
@@ -251,29 +251,50 @@ def test_a_file_as_compile_cache_names_the_flag(tmp_path):
 
 def test_resuming_on_another_device_count_names_the_device_count(tmp_path):
     """Before: `error: the training data differ from those of checkpoint 2: ... saved for
-    batch shapes [[42, 48, 32]], these settings give [[43, 48, 32]] ... Was the built-in
+    batch shapes [[43, 48, 32]], these settings give [[42, 48, 32]] ... Was the built-in
     corpus (its flags) changed?`: the data were the same, the rows were rounded to 3
     devices. Checkpoints saved before the data position recorded its multiple are
     recognised too."""
     workdir = tmp_path / "run"
     flags = ["--max-tokens", "2064", "--steps", "2"]  # 43 rows of 48 on 1 device, 42 on 3
-    first = train(workdir, *flags, env={**ENV, "JAX_NUM_CPU_DEVICES": "3"})
+    first = train(workdir, *flags, env={**ENV, "JAX_NUM_CPU_DEVICES": "1"})
     assert first.returncode == 0, first.stderr[-3000:]
     flags[-1] = "4"
-    one_device = {**ENV, "JAX_NUM_CPU_DEVICES": "1"}
+    three_devices = {**ENV, "JAX_NUM_CPU_DEVICES": "3"}
     assert_one_error_line(
-        train(workdir, *flags, env=one_device), 2,
-        "error: checkpoint 2 was saved by a run on 3 devices: batch rows are rounded down to "
-        "a multiple of the device count, so its batches of 42 rows are not this run's 43 rows "
-        "on 1 device(s), and its data position does not carry over; resume on 3 devices "
-        "(--cpu-devices 3), or use a new --workdir")
+        train(workdir, *flags, env=three_devices), 2,
+        "error: checkpoint 2 was saved by a run on 1 device(s): batch rows are rounded down to "
+        "a multiple of the device count, so its batches of 43 rows are not this run's 42 rows "
+        "on 3 device(s), and its data position does not carry over; resume on 1 device(s) "
+        "(--cpu-devices 1), or use a new --workdir")
     position = workdir / "checkpoints" / "2" / "data" / "metadata"
     state = json.loads(position.read_text())
     position.write_text(json.dumps({k: v for k, v in state.items() if k != "batch_multiple"}))
     assert_one_error_line(
-        train(workdir, *flags, env=one_device), 2,
+        train(workdir, *flags, env=three_devices), 2,
         "error: checkpoint 2 was saved by a run on another number of devices: ",
         "resume on the device count it was saved on, or use a new --workdir")
+
+
+def test_a_checkpoint_resumes_on_a_device_count_dividing_its_own(tmp_path):
+    """--cpu-devices 2, then a resume with --cpu-devices 1 (which its help says a resume
+    may change): the same batches, so the losses follow the uninterrupted run's. Before:
+    `error: checkpoint 2 was saved by a run on 2 devices: ... resume on 2 devices`."""
+    flags = ["--max-tokens", "2064", "--steps", "4"]  # 43 rows of 48 on 1 device, 42 on 2
+    whole = train(tmp_path / "whole", *flags, "--cpu-devices", "2")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    workdir = tmp_path / "run"
+    first = train(workdir, *flags[:-1], "2", "--cpu-devices", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = train(workdir, *flags, "--cpu-devices", "1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step 2" in resumed.stderr
+    assert ("data: batch rows a multiple of 2, as the checkpoint's (saved on 2 devices; here "
+            "1), so its data position carries over") in resumed.stderr
+    expected, got = losses(tmp_path / "whole"), losses(workdir)
+    assert [step for step, _ in got] == [step for step, _ in expected] == [1, 2, 3, 4]
+    for (step, a), (_, b) in zip(got, expected):  # the gradient sums run in another order
+        assert abs(a - b) <= 1e-6 * abs(b), (step, a, b)
 
 
 @pytest.fixture
