@@ -159,12 +159,14 @@ def watch_joining(what: str, timeout: float, joined: threading.Event) -> None:
 
 @contextlib.contextmanager
 def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterator[None]:
-    """Run the block on every process; a PeerWatch ends this one when a peer fails or
-    dies. An error here is posted for the peers and re-raised, for the command to show
+    """Run the block on every process; a PeerWatch ends this one when a peer fails, dies
+    or is stopped at once by a signal (as this one tells them, peers.post_stop). An
+    error here is posted for the peers and re-raised, for the command to show
     and exit at once (its traceback printed first if it is a bug, not bad input); an
     error from a collective a vanished peer broke waits for the watch's verdict."""
     watch = peers.PeerWatch(settings.peer_timeout, resume_hint)
     watch.start()
+    signals.BEFORE_EXIT_AT_ONCE.append(peers.post_stop)  # a stop at once stops them too
     try:
         yield
     except signals.Interrupted:  # every process stopped after the same step
@@ -186,6 +188,9 @@ def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterato
         traceback.print_exc()
         raise RunFailed(f"{peers.processes()} failed: {type(error).__name__}: "
                         f"{peers.first_line(error)} (traceback above)") from None
+    finally:
+        if peers.post_stop in signals.BEFORE_EXIT_AT_ONCE:
+            signals.BEFORE_EXIT_AT_ONCE.remove(peers.post_stop)
     watch.finish()
 
 
