@@ -123,8 +123,8 @@ def launch(command: Sequence[str], count: int, cpu_devices: int | None = None,
            grace: float = GRACE_SECONDS) -> int:
     """Run `count` processes of `command` as one job; returns the exit code (128 +
     SIGPIPE once its output is closed: the processes get SIGTERM, then --grace)."""
-    children, lock, closed, relays = start(command, count, cpu_devices), threading.Lock(), \
-        threading.Event(), []
+    children = start(command, count, cpu_devices)
+    lock, closed, relays = threading.Lock(), threading.Event(), []
     for index, child in enumerate(children):
         for source, sink in ((child.stdout, sys.stdout.buffer), (child.stderr, sys.stderr.buffer)):
             relays.append(threading.Thread(target=relay, daemon=True, args=(
