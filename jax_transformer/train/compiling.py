@@ -35,8 +35,6 @@ from jax_transformer.train.settings import TrainError, default_compile_cache
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program
 TRACE, LOWER = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"
 CACHE_HIT = "/jax/compilation_cache/cache_hits"
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"),
-                         "jax_transformer", "xla")
 
 
 def use_compilation_cache(directory: str | os.PathLike | None,
