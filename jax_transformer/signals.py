@@ -19,6 +19,9 @@ import threading
 from typing import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Called once, with the signal number, before `exit_at_once` exits: a distributed run
+# tells its other processes there that this one stops (train.distributed.together).
+BEFORE_EXIT_AT_ONCE: list[Callable[[int], None]] = []
 
 
 class Interrupted(Exception):
@@ -36,9 +39,13 @@ def write_from_handler(line: str) -> None:
 
 
 def exit_at_once(message: str = "stopped") -> Callable[[int, object], None]:
-    """A signal handler: print '<SIGNAL>: <message>' and exit 128 + the signal number."""
+    """A signal handler: print '<SIGNAL>: <message>', call BEFORE_EXIT_AT_ONCE's hooks
+    (each once: a signal sent again while one runs exits at once) and exit 128 + the
+    signal number."""
     def handler(signum: int, frame) -> None:
         write_from_handler(f"{signal.Signals(signum).name}: {message}")
+        while BEFORE_EXIT_AT_ONCE:
+            BEFORE_EXIT_AT_ONCE.pop()(signum)
         os._exit(128 + signum)
     return handler
 

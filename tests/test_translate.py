@@ -4,6 +4,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -107,6 +108,25 @@ def test_command_line_reads_stdin_and_torch_needs_no_jax(torch_checkpoint):
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
     assert "translated 2 sentences" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_closed_output_pipe_ends_quietly(torch_checkpoint, tmp_path):
+    """`jaxformer-translate < text | head -1`, the reader gone before the first line.
+    Before: `error: [Errno 32] Broken pipe`, exit 2 (the bad-input code)."""
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "jax_transformer.commands.translate", "--checkpoint",
+             str(torch_checkpoint), "--framework", "torch", "--input", str(source)],
+            stdout=write, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(write)
+    assert result.returncode == 128 + signal.SIGPIPE, result.stderr
+    assert result.stderr == ""
 
 
 def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):

@@ -6,6 +6,8 @@
          translate and training settings) or an OSError on a path the user gave
     130  stopped by SIGINT (Ctrl-C)    } 128 + the signal number, as a shell reports it;
     143  stopped by SIGTERM            } the last line on stderr says what was saved
+    141  its output was closed (`| head -1`): it ends quietly, as a Unix tool that
+         SIGPIPE ends (128 + SIGPIPE)
 
 Library code raises and never exits; only this wrapper prints `error: ...` on
 stderr. It imports no JAX, so `--help` and torch-only commands stay light.
@@ -13,6 +15,8 @@ stderr. It imports no JAX, so `--help` and torch-only commands stay light.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -32,6 +36,9 @@ def run(main: Callable[[Sequence[str] | None], int | None],
     stopped = False
     try:
         return main(argv) or 0
+    except BrokenPipeError:
+        quiet_stdout()
+        return 128 + signal.SIGPIPE
     except (InputError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -45,3 +52,11 @@ def run(main: Callable[[Sequence[str] | None], int | None],
     finally:
         if not stopped:
             set_stop_handlers(previous)
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still
+    buffered for a closed pipe says nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -34,7 +34,7 @@ from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared import Prepared
-from jax_transformer.train import finetune
+from jax_transformer.train import finetune, jax_variables
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
                                             PRESET_TRAIN_DEFAULTS, PRESETS,
                                             TASK_DEFAULTS, DataSettings, ModelSettings,
@@ -169,6 +169,7 @@ def main(argv=None) -> int:
 
 def train(argv=None) -> int:
     settings, init = command_line(argv)  # bad flags fail here, before JAX loads
+    jax_variables.import_jax()
     from jax_transformer.train.run import TrainingRun
     summary = TrainingRun(settings, init).run()
     test = summary["test"]

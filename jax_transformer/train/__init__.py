@@ -20,6 +20,7 @@
     report.py       eval.json's "training"
     interrupts.py   SIGINT/SIGTERM and --time-budget: finish the step, save, stop
     distributed.py, peers.py   --distributed: joining, the other processes, agreed stops
+    jax_variables.py the variables JAX reads (JAX_PLATFORMS, ...) checked, as bad input
     cpu_devices.py, host_memory.py, disk_full.py   a CPU split into devices, freed host
                     memory kept, a full disk as one line
 """

@@ -143,6 +143,14 @@ class Checkpointer:
         self.manager.reload()
         return target
 
+    def data_state(self, step: int | None = None) -> dict | None:
+        """Only the data position saved with `step` (the latest by default), or None
+        where it cannot be read (restore_newest_intact says why)."""
+        try:
+            return self._restore(step, data=None).data
+        except UnreadableCheckpoint:
+            return None
+
     def restore_params(self, like: nnx.State, step: int | None = None) -> nnx.State:
         """Only the parameters, into the structure of `like`."""
         return self._restore(step, params=like).params

@@ -30,32 +30,37 @@ from typing import Callable, Sequence
 import jax
 from jax import monitoring
 
-from jax_transformer.train.settings import TrainError
+from jax_transformer.train.settings import TrainError, default_compile_cache
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program
 TRACE, LOWER = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"
 CACHE_HIT = "/jax/compilation_cache/cache_hits"
-DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"),
-                         "jax_transformer", "xla")
 
 
 def use_compilation_cache(directory: str | os.PathLike | None,
-                          warn: Callable[[str], None] | None = None) -> None:
+                          warn: Callable[[str], None] | None = None) -> Path | None:
     """Keep every compiled program (however quick to compile) in `directory`, or
-    turn JAX's persistent cache off with None. A directory that cannot be made is a
-    TrainError naming --compile-cache; one that cannot be written is used read-only
-    (its programs load, new ones are not kept), said in one line through `warn`."""
+    turn JAX's persistent cache off with None; returns the directory used, or None. A
+    --compile-cache that cannot be made is a TrainError naming the flag; the default
+    (under HOME, XDG_CACHE_HOME or JAX_COMPILATION_CACHE_DIR, which the user may not have
+    chosen) that cannot is no cache, said in one line through `warn`; one that cannot be
+    written is used read-only (its programs load, new ones are not kept), said in one
+    line."""
     if directory is None:
         jax.config.update("jax_enable_compilation_cache", False)
-        return
+        return None
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise TrainError(f"--compile-cache {directory} is a file, not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TrainError(f"--compile-cache {directory} cannot be created ({e.strerror}); "
-                         "choose another directory or --no-compile-cache") from None
+    problem = ("is a file, not a directory" if directory.exists() and not directory.is_dir()
+               else _cannot_make(directory))
+    if problem is not None and directory == Path(default_compile_cache()):
+        (warn or _say)(f"warning: the compilation cache {directory} (the default, under "
+                       f"{default_cache_source()}) {problem}: every program is compiled afresh "
+                       "and none is kept (--compile-cache DIR chooses another directory, "
+                       "--no-compile-cache turns the cache off)")
+        return use_compilation_cache(None)
+    if problem is not None:
+        raise TrainError(f"--compile-cache {directory} {problem}; choose another directory "
+                         "or --no-compile-cache")
     writable = _can_write(directory)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
@@ -67,6 +72,25 @@ def use_compilation_cache(directory: str | os.PathLike | None,
     if writable is not None:
         reporter.report(f"warning: --compile-cache {directory} is not writable ({writable}): "
                         "programs found there are loaded, new ones are compiled and not kept")
+    return directory
+
+
+def _cannot_make(directory: Path) -> str | None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot be created ({e.strerror})"
+    return None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def default_cache_source() -> str:
+    """The variable the default compilation cache's directory comes from."""
+    return next(name for name in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+                if os.environ.get(name) or name == "HOME")
 
 
 def _can_write(directory: Path) -> str | None:

@@ -12,7 +12,10 @@ runtime, and ending together when one process fails or dies (train.peers).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -39,6 +42,10 @@ MISSING_DISTRIBUTED = {
 # JAX's own heartbeat ends a silent peer's run this long after train.peers would have
 # (and JAX's way is a page of runtime logs and an abort).
 HEARTBEAT_MARGIN_SECONDS = 10
+# Joining: say what a process waits for after this long; JAX's initialization timeout (it
+# aborts the process with a stack trace) comes this long after --join-timeout's end.
+JOIN_NOTICE_SECONDS, JOIN_MARGIN_SECONDS = 3, 30
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def coordinates(settings: TrainSettings,
@@ -58,6 +65,8 @@ def coordinates(settings: TrainSettings,
                                      f"{value!r}") from None
         given[name] = value
         given[f"{name}_source"] = source
+    if given["coordinator_address"] is not None:
+        host_and_port(given["coordinator_address"], given["coordinator_address_source"])
     count, index = given["num_processes"], given["process_id"]
     if count is not None and count < 1:
         raise TrainError(f"{given['num_processes_source']} must be at least 1, got {count}")
@@ -66,6 +75,16 @@ def coordinates(settings: TrainSettings,
                          f"{'the number of processes - 1' if count is None else count - 1}, "
                          f"got {index}")
     return given
+
+
+def host_and_port(address: str, source: str) -> tuple[str, int]:
+    """HOST:PORT's host (an IPv6 one without its brackets) and port, checked: JAX takes
+    anything, and fails on a bad one with an IndexError or a segmentation fault."""
+    host, colon, port = address.rpartition(":")
+    if not (colon and host.strip("[]") and port.isdigit() and 1 <= int(port) <= 65535):
+        raise TrainError(f"{source} must be HOST:PORT, with a port from 1 to 65535 "
+                         f"(e.g. 10.0.0.1:1234), got {address!r}")
+    return host.strip("[]"), int(port)
 
 
 def check_environment(settings: TrainSettings, environ: Mapping[str, str] = os.environ) -> None:
@@ -79,13 +98,22 @@ def check_environment(settings: TrainSettings, environ: Mapping[str, str] = os.e
 
 def initialize(settings: TrainSettings) -> None:
     """Join the run: jax.distributed.initialize() with this process's coordinates and a
-    heartbeat timeout HEARTBEAT_MARGIN_SECONDS past --peer-timeout. A setting it cannot
-    find, or a coordinator it cannot reach, is a TrainError naming the flag."""
+    heartbeat timeout HEARTBEAT_MARGIN_SECONDS past --peer-timeout; a loopback coordinator
+    listens on its loopback address only. A setting it cannot find, or a coordinator it
+    cannot reach, is a TrainError naming the flag; joining is watched (watch_joining)."""
     given = coordinates(settings)
+    address, joined = given["coordinator_address"], threading.Event()
+    bind = None
+    if address is not None and host_and_port(address, given["coordinator_address_source"])[
+            0] in LOOPBACK:
+        bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or address
+    threading.Thread(target=watch_joining, daemon=True, name="join-watch",
+                     args=(joining(given), settings.join_timeout, joined)).start()
     try:
         jax.distributed.initialize(
-            coordinator_address=given["coordinator_address"],
+            coordinator_address=address, coordinator_bind_address=bind,
             num_processes=given["num_processes"], process_id=given["process_id"],
+            initialization_timeout=math.ceil(settings.join_timeout) + JOIN_MARGIN_SECONDS,
             heartbeat_timeout_seconds=int(settings.peer_timeout) + HEARTBEAT_MARGIN_SECONDS)
     except ValueError as e:
         missing = next((name for text, name in MISSING_DISTRIBUTED.items() if text in str(e)),
@@ -98,19 +126,47 @@ def initialize(settings: TrainSettings) -> None:
                          "one host, run without --distributed") from None
     except jax.errors.JaxRuntimeError as e:
         raise TrainError(f"--distributed: could not join the run's coordinator at "
-                         f"{given['coordinator_address'] or 'the cluster’s address'} "
+                         f"{address or 'the cluster’s address'} "
                          f"({peers.first_line(e)}); are all processes started, and is process "
                          "0 reachable there?") from None
+    finally:
+        joined.set()
+
+
+def joining(given: Mapping) -> str:
+    """What a process that has not joined yet waits for."""
+    at = f" at {given['coordinator_address']}" if given["coordinator_address"] else ""
+    if given["process_id"] == 0:
+        return f"the other processes of the run to connect to its coordinator{at}"
+    return f"process 0's coordinator{at} (and through it, the run's other processes)"
+
+
+def watch_joining(what: str, timeout: float, joined: threading.Event) -> None:
+    """After JOIN_NOTICE_SECONDS, say what this process waits for; after `timeout`, end it
+    with one line (JAX's own timeout aborts with a stack trace, so it is set later)."""
+    if joined.wait(min(JOIN_NOTICE_SECONDS, timeout)):
+        return
+    print(f"--distributed: waiting for {what}, for up to {timeout:g} s (--join-timeout)",
+          file=sys.stderr, flush=True)
+    if not joined.wait(max(timeout - JOIN_NOTICE_SECONDS, 0)):
+        sys.stdout.flush()
+        os.write(sys.stderr.fileno(), (
+            f"error: --distributed: gave up waiting for {what} after {timeout:g} s "
+            "(--join-timeout): are all processes started, with the same --num-processes "
+            "and coordinator address, and is process 0 reachable there?\n").encode())
+        os._exit(2)
 
 
 @contextlib.contextmanager
 def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterator[None]:
-    """Run the block on every process; a PeerWatch ends this one when a peer fails or
-    dies. An error here is posted for the peers and re-raised, for the command to show
+    """Run the block on every process; a PeerWatch ends this one when a peer fails, dies
+    or is stopped at once by a signal (as this one tells them, peers.post_stop). An
+    error here is posted for the peers and re-raised, for the command to show
     and exit at once (its traceback printed first if it is a bug, not bad input); an
     error from a collective a vanished peer broke waits for the watch's verdict."""
     watch = peers.PeerWatch(settings.peer_timeout, resume_hint)
     watch.start()
+    signals.BEFORE_EXIT_AT_ONCE.append(peers.post_stop)  # a stop at once stops them too
     try:
         yield
     except signals.Interrupted:  # every process stopped after the same step
@@ -132,6 +188,9 @@ def together(settings: TrainSettings, resume_hint: Callable[[], str]) -> Iterato
         traceback.print_exc()
         raise RunFailed(f"{peers.processes()} failed: {type(error).__name__}: "
                         f"{peers.first_line(error)} (traceback above)") from None
+    finally:
+        if peers.post_stop in signals.BEFORE_EXIT_AT_ONCE:
+            signals.BEFORE_EXIT_AT_ONCE.remove(peers.post_stop)
     watch.finish()
 
 

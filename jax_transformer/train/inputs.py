@@ -143,11 +143,13 @@ def run_tokenizer(workdir: Path, prepared: Prepared, resuming: bool, primary: bo
 
 def make_batches(sides: dict[str, tuple], data: DataSettings, seed: int,
                  special_ids: tuple[int, int, int] = (PAD_ID, BOS_ID, EOS_ID),
-                 fingerprints: dict[str, str] | None = None) -> dict[str, PackedBatches]:
+                 fingerprints: dict[str, str] | None = None,
+                 batch_multiple: int | None = None) -> dict[str, PackedBatches]:
     """Every split's (source, target) ids (stores, or lists of arrays; source None for a
     language model's lines) packed into rows of one shape, which holds the longest
     sentences of every split: one batch shape for training and evaluation.
-    `special_ids`: the model's (pad, bos, eos); `fingerprints`: each split's, when known."""
+    `special_ids`: the model's (pad, bos, eos); `fingerprints`: each split's, when known;
+    `batch_multiple`: what the rows are rounded down to (default: the device count)."""
     def needed(side: int):  # positions every example of every split needs on that side
         if sides["train"][side] is None:
             return None
@@ -155,7 +157,7 @@ def make_batches(sides: dict[str, tuple], data: DataSettings, seed: int,
 
     row_shape = fitting_row_shape(needed(0), needed(1), data.max_len)
     batches = {split: PackedBatches(src_ids, tgt_ids, data.max_tokens, [row_shape],
-                                    batch_multiple=jax.device_count(),
+                                    batch_multiple=batch_multiple or jax.device_count(),
                                     shuffle=split == "train", seed=seed, special_ids=special_ids,
                                     fingerprint=(fingerprints or {}).get(split))
                for split, (src_ids, tgt_ids) in sides.items()}
@@ -166,6 +168,19 @@ def make_batches(sides: dict[str, tuple], data: DataSettings, seed: int,
         f"{fill['tgt_tokens_per_batch']:,.0f} real target tokens per batch "
         f"({fill['tgt_tokens_per_batch'] / data.max_tokens:.0%} of --max-tokens)")
     return batches
+
+
+def batch_multiple(saved_state: dict | None) -> int:
+    """What a batch's rows are rounded down to: the device count, or the multiple of the
+    resumed checkpoint's batches (`saved_state`, its data position) when the devices
+    divide it, so that its data position carries over exactly onto fewer devices (8 to
+    4, 2 to 1): the batches hold the same rows."""
+    devices, saved = jax.device_count(), (saved_state or {}).get("batch_multiple")
+    if saved and saved != devices and saved % devices == 0:
+        log(f"data: batch rows a multiple of {saved}, as the checkpoint's (saved on {saved} "
+            f"devices; here {devices}), so its data position carries over")
+        return saved
+    return devices
 
 
 def set_data_position(batches, data_state: dict, data_settings: DataSettings,
@@ -204,8 +219,9 @@ def rows_alone_differ(data_state: dict, batches: PackedBatches) -> bool:
 def other_device_count(data_state: dict, batches, step: int, saved_devices: int | None) -> str:
     """Why checkpoint `step`'s data position does not fit this run: its batches' rows
     were rounded down to a multiple of another device count."""
-    then = f"{saved_devices} devices" if saved_devices else "another number of devices"
-    again = f"{saved_devices} devices" if saved_devices else "the device count it was saved on"
+    then = f"{saved_devices} device(s)" if saved_devices else "another number of devices"
+    again = (f"{saved_devices} device(s){' or a number dividing it' if saved_devices > 1 else ''}"
+             if saved_devices else "the device count it was saved on")
     if saved_devices and jax.default_backend() == "cpu":
         again += f" (--cpu-devices {saved_devices})"
     saved_rows = "/".join(str(shape[0]) for shape in data_state["shapes"])

@@ -10,6 +10,8 @@ barrier for minutes. Here they end within --peer-timeout, each with one line:
                     before it posted that it finished
     post_failure    a failing process says so before it leaves (process 0, which serves
                     the coordinator, then waits for the others to read it)
+    post_stop       the same for a process a signal stops at once: the others stop too,
+                    with the signal's exit code
     failed_peer     the line naming a peer that posted its failure
     barrier         every process reaches a named point (one writes, the others read)
     gather          every process's value of something
@@ -22,6 +24,7 @@ The keys live in the coordination service's key-value store, under KEYS.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -72,14 +75,44 @@ def post_failure(summary: str) -> None:
     me = jax.process_index()
     try:
         client().key_value_set(f"{KEYS}/failed/{me}", summary, allow_overwrite=True)
-        if me != 0:
-            return
-        deadline = time.monotonic() + 5 * BEAT_SECONDS
-        while time.monotonic() < deadline and set(peers_by_key("left")) < set(
-                range(1, jax.process_count())):
-            time.sleep(BEAT_SECONDS / 10)
+        if me == 0:
+            wait_for_peers_to_leave()
     except Exception:  # the coordinator is gone: the peers have ended already
         pass
+
+
+def post_stop(signum: int) -> None:
+    """Tell the peers this process stops at once on signal `signum`, saving nothing (a
+    signal before training, or sent twice), so that they stop too rather than take it
+    for a crash; process 0 waits for them, as post_failure does."""
+    me = jax.process_index()
+    try:
+        client().key_value_set(f"{KEYS}/stopped/{me}", signal.Signals(signum).name,
+                               allow_overwrite=True)
+        if me != 0:
+            client().key_value_set(f"{KEYS}/left/{me}", "1", allow_overwrite=True)
+            return
+        wait_for_peers_to_leave()
+    except Exception:  # the coordinator is gone: the peers have ended already
+        pass
+
+
+def wait_for_peers_to_leave() -> None:
+    """Process 0, which serves the coordinator: wait (up to a few beats) until every peer
+    has read the news and left."""
+    deadline = time.monotonic() + 5 * BEAT_SECONDS
+    while time.monotonic() < deadline and not set(range(1, jax.process_count())) <= set(
+            peers_by_key("left")):
+        time.sleep(BEAT_SECONDS / 10)
+
+
+def stopped_peer() -> tuple[int, str] | None:
+    """(the peer, its signal's name) for a peer that posted it stops at once, or None."""
+    try:
+        stopped = {k: v for k, v in peers_by_key("stopped").items() if k != jax.process_index()}
+    except Exception:  # the coordinator is gone: PeerWatch says so
+        return None
+    return min(stopped.items()) if stopped else None
 
 
 def barrier(name: str, timeout_seconds: float = 24 * 3600) -> None:
@@ -144,9 +177,14 @@ class PeerWatch(threading.Thread):
                     self.end(f"lost the coordinator, process 0 ({first_line(error)}): it "
                              "ended, was killed or its host is unreachable")
                 return
-            failure = failed_peer()
+            failure, stopped = failed_peer(), stopped_peer()
             if failure is not None:
                 leave(failure)
+            if stopped is not None:
+                peer, name = stopped
+                leave(f"{name}: process {peer} was stopped at once, without saving: "
+                      f"{processes()} stops too; {self.resume_hint()}",
+                      128 + signal.Signals[name])
             now = time.monotonic()
             for peer in range(jax.process_count()):
                 last, since = heard.get(peer, (None, started))
@@ -173,11 +211,11 @@ class PeerWatch(threading.Thread):
         leave(f"error: {what}: {processes()} stops too; {self.resume_hint()}")
 
 
-def leave(line: str) -> None:
+def leave(line: str, code: int = FAILED_EXIT) -> None:
     """Say this process has read a peer's failure (process 0 waits for that before it
-    takes the coordinator down), write `line` on stderr and exit at once, skipping the
-    shutdown barrier (it would wait for peers that are gone). A second caller, on another
-    thread, waits for the first."""
+    takes the coordinator down), write `line` on stderr and exit at once with `code`,
+    skipping the shutdown barrier (it would wait for peers that are gone). A second
+    caller, on another thread, waits for the first."""
     _ending.acquire()
     try:
         client().key_value_set(f"{KEYS}/left/{jax.process_index()}", "1", allow_overwrite=True)
@@ -186,7 +224,7 @@ def leave(line: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.write(sys.stderr.fileno(), f"{line}\n".encode())
-    os._exit(FAILED_EXIT)
+    os._exit(code)
 
 
 def first_line(error: BaseException) -> str:

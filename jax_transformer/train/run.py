@@ -26,13 +26,14 @@ from tqdm import tqdm
 from jax_transformer import scanned, signals
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
-                                   finetune, host_memory, interrupts, plots, selection)
+                                   finetune, host_memory, interrupts, jax_variables, plots,
+                                   selection)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.report import replicas, training_report
-from jax_transformer.train.inputs import (log, make_batches, prepared_corpus, run_tokenizer,
-                                          set_data_position)
+from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
+                                          run_tokenizer, set_data_position)
 from jax_transformer.train.settings import RunSettings, TrainError
 from jax_transformer.train.step import build_trainer
 from jax_transformer.train.task import TASKS
@@ -72,9 +73,11 @@ class TrainingRun:
         distributed.check_environment(settings)
         cpu_devices.split_cpu(self.settings)
         host_memory.keep_freed_memory()
+        if settings.distributed:
+            distributed.initialize(settings)
+        jax_variables.start_backends()
         if not settings.distributed:
             return self._run_or_disk_full()
-        distributed.initialize(settings)
         with distributed.together(settings, lambda: distributed.resume_hint(
                 Path(settings.workdir))):
             return self._run_or_disk_full()
@@ -90,7 +93,8 @@ class TrainingRun:
 
     def _run(self) -> dict:
         settings = self.settings.train
-        compiling.use_compilation_cache(settings.compile_cache, warn=log)
+        self.compile_cache = compiling.use_compilation_cache(settings.compile_cache,
+                                                             warn=log)
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary
@@ -135,9 +139,11 @@ class TrainingRun:
             log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
         check_run_settings(self.workdir, recorded, self.resuming, self.primary)
         special_ids = self.prepare_data(recorded.get(FINGERPRINT))
+        saved = self.checkpointer.data_state() if self.resuming else None
         self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
                                     self.settings.data, settings.seed, special_ids,
-                                    {split: self.data.fingerprint(split) for split in SPLITS})
+                                    {split: self.data.fingerprint(split) for split in SPLITS},
+                                    batch_multiple(saved))
         config = self.model_config()
         weights = None
         if init is not None and not self.resuming:  # a resume restores its own weights
@@ -365,7 +371,7 @@ class TrainingRun:
                 f"stopped while compiling, before step {step + 1}; saved checkpoints "
                 "are intact; run the same command to resume")):
             log(f"compiling {len(programs)} programs ahead of time ("
-                + (f"cache {settings.compile_cache})" if settings.compile_cache else "no cache)"))
+                + (f"cache {self.compile_cache})" if self.compile_cache else "no cache)"))
             return compiling.compile_ahead(programs, log)
 
     def step(self, state, micro_batches):

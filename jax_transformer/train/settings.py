@@ -30,6 +30,7 @@ from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
 MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
+MAX_WAIT_SECONDS = 86400  # --peer-timeout and --join-timeout: a day
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -394,13 +395,23 @@ class TrainSettings:
     process_id: int | None = setting(None, "--distributed: this process's number, 0 to "
                                      "--num-processes - 1", resumable=True)
     peer_timeout: float = setting(20.0, "--distributed: a process that stops answering for "
-                                        "this many seconds ends the run on every process",
+                                        "this many seconds ends the run on every process "
+                                        f"(at most {MAX_WAIT_SECONDS})",
+                                  metavar="SECONDS", resumable=True)
+    join_timeout: float = setting(300.0, "--distributed: how long a process waits at the start "
+                                         "for every process to join the run (process 0 serves "
+                                         "the coordinator the others connect to); it says what "
+                                         "it waits for after a few seconds "
+                                         f"(at most {MAX_WAIT_SECONDS})",
                                   metavar="SECONDS", resumable=True)
     cpu_devices: int | None = setting(
         None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
               "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
               "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
-              "docs/performance.md); a resumed run may change it", metavar="N", resumable=True)
+              "docs/performance.md); a resumed run may change it to a number dividing the "
+              "device count its checkpoint was saved on (its batches keep their rows, which "
+              "are rounded down to a multiple of that count), not to another",
+        metavar="N", resumable=True)
     quiet: bool = setting(False, "no progress bar", resumable=True)
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
                                       "for `tensorboard --logdir WORKDIR`", resumable=True)
@@ -441,8 +452,10 @@ class TrainSettings:
         require(0 <= self.seed <= MAX_SEED, f"--seed must be from 0 to {MAX_SEED}, "
                                             f"got {self.seed}")
         require(self.samples >= 0, f"--samples must be 0 or more, got {self.samples}")
-        require(self.peer_timeout > 0, f"--peer-timeout must be positive (seconds), "
-                                       f"got {self.peer_timeout}")
+        for name in ("peer_timeout", "join_timeout"):  # JAX takes whole seconds in a C int
+            require(0 < getattr(self, name) <= MAX_WAIT_SECONDS, f"{flag(name)} must be "
+                    f"positive and at most {MAX_WAIT_SECONDS} (seconds, a day), "
+                    f"got {getattr(self, name)}")
         self.check_selection()
         coordinates = [flag(name) for name in ("coordinator_address", "num_processes",
                                                "process_id") if getattr(self, name) is not None]

@@ -157,6 +157,26 @@ def test_sigterm_to_one_process_stops_both_after_the_same_step(runs, tmp_path):
     assert losses(workdir) == losses(runs["two"])  # exactly
 
 
+def test_sigint_to_a_process_still_compiling_stops_both_resumably(tmp_path):
+    """SIGINT before training (here while process 0 compiles) stops that process at once,
+    saving nothing. Before: the other was left to a lost coordinator, and died with
+    JAX's fatal check (`Terminating process because the JAX distributed service detected
+    fatal errors`, a stack trace, exit 134) or `error: lost the coordinator` (exit 1)."""
+    workdir = tmp_path / "run"
+    launch = Launch(workdir)
+    launch.wait_for("[p0] compiling ")
+    os.kill(launch.pid(0), signal.SIGINT)
+    assert launch.finish() == 130, launch.stderr
+    assert launch.lines(0)[-1] == ("SIGINT: stopped while compiling, before step 1; saved "
+                                   "checkpoints are intact; run the same command to resume")
+    assert launch.lines(1)[-1] == ("SIGINT: process 0 was stopped at once, without saving: "
+                                   "process 1 of 2 stops too; no checkpoint was saved yet")
+    assert "Traceback" not in launch.stderr and "Check failure" not in launch.stderr
+    resumed = Launch(workdir)
+    assert resumed.finish() == 0, resumed.stderr
+    assert [step for step, _ in losses(workdir)] == list(range(1, STEPS + 1))
+
+
 def test_a_killed_process_ends_the_other_with_one_line_and_a_resumable_checkpoint(
         runs, tmp_path):
     """The checkpoint two processes saved resumes on one process (4 devices)."""
