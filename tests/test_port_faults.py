@@ -226,6 +226,19 @@ def test_export_into_an_earlier_output_replaces_it_whole(tmp_path, capsys):
     assert beside(out) == ["ours"]  # no temporary directory left
 
 
+def marian_files_source(tmp_path, capsys, direction: str):
+    """A directory `jaxformer-port DIRECTION hf-marian` converts that holds Marian's
+    tokenizer files: a Hugging Face Marian export (--from), or our checkpoint converted
+    from one, which carries them (--to)."""
+    src = tmp_path / "marian"
+    assert run_port(["--to", "hf-marian", exportable_checkpoint(tmp_path / "ours"), src],
+                    capsys)[0] == 0
+    if direction == "--to":
+        assert run_port(["--from", "hf-marian", src, tmp_path / "converted"], capsys)[0] == 0
+        src = tmp_path / "converted"
+    return src
+
+
 @pytest.mark.parametrize("direction", ["--to", "--from"])
 def test_a_conversion_failing_part_way_leaves_nothing(tmp_path, capsys, direction):
     """The Marian tokenizer is checked after the weights are written: a `{}`
@@ -233,12 +246,7 @@ def test_a_conversion_failing_part_way_leaves_nothing(tmp_path, capsys, directio
     model.safetensors and the tokenizer files in OUT (exit 2); --to hf-marian copied the
     broken vocabulary without checking it (exit 0). Now OUT is as it was: absent, or an
     earlier output, unchanged."""
-    ours = exportable_checkpoint(tmp_path / "ours")
-    src = tmp_path / "marian"
-    assert run_port(["--to", "hf-marian", ours, src], capsys)[0] == 0
-    if direction == "--to":  # our checkpoint converted from Marian carries its files
-        assert run_port(["--from", "hf-marian", src, tmp_path / "converted"], capsys)[0] == 0
-        src = tmp_path / "converted"
+    src = marian_files_source(tmp_path, capsys, direction)
     (src / "target_vocab.json").write_text("{}")
     before = {p.name for p in tmp_path.iterdir()}
     code, err = run_port([direction, "hf-marian", src, tmp_path / "new" / "out"], capsys)
@@ -259,12 +267,7 @@ def test_a_conversion_failing_part_way_leaves_nothing(tmp_path, capsys, directio
 def test_a_copied_tokenizer_file_is_checked(tmp_path, capsys, direction, kind):
     """special_tokens_map.json is copied, never read. Before: a link to a file outside SRC
     put that file's bytes into OUT, and a file that is not JSON was copied as it was."""
-    ours = exportable_checkpoint(tmp_path / "ours")
-    src = tmp_path / "marian"
-    assert run_port(["--to", "hf-marian", ours, src], capsys)[0] == 0
-    if direction == "--to":  # our checkpoint converted from Marian carries its files
-        assert run_port(["--from", "hf-marian", src, tmp_path / "converted"], capsys)[0] == 0
-        src = tmp_path / "converted"
+    src = marian_files_source(tmp_path, capsys, direction)
     copied, secret = src / "special_tokens_map.json", tmp_path / "secret.json"
     if kind == "link out":
         secret.write_text('{"password": "hunter2"}')

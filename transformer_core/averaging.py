@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import safetensors
 import safetensors.numpy
 
 from transformer_core.checkpoint_dir import (CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE,
                                              CheckpointError, check_state_dict,
-                                             directory_written_whole, missing_file,
-                                             write_atomically)
-from transformer_core.config import ConfigError, TransformerConfig
+                                             directory_written_whole, read_config,
+                                             read_weights, write_atomically)
+from transformer_core.config import TransformerConfig
 from transformer_core.errors import listing
 
 
@@ -69,17 +68,7 @@ def tokenizer_files(directory: Path) -> list[str]:
 def check_same_model(directories: Sequence[Path]) -> TransformerConfig:
     """The config every directory holds; a CheckpointError naming the first directory
     whose config (the fields that differ) or tokenizer files are not the first one's."""
-    first, configs = directories[0], []
-    for directory in directories:
-        if not directory.is_dir():
-            raise CheckpointError(f"checkpoint directory {directory} does not exist")
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            if not (directory / name).is_file():
-                raise CheckpointError(missing_file(directory, name))
-        try:
-            configs.append(TransformerConfig.from_json(directory / CONFIG_FILE))
-        except ConfigError as e:
-            raise CheckpointError(str(e)) from e
+    first, configs = directories[0], [read_config(directory) for directory in directories]
     for directory, config in zip(directories[1:], configs[1:]):
         if config != configs[0]:
             fields = [f for f, v in config.to_dict().items() if configs[0].to_dict()[f] != v]
@@ -96,13 +85,6 @@ def check_same_model(directories: Sequence[Path]) -> TransformerConfig:
     return configs[0]
 
 
-def read_tensors(directory: Path) -> dict[str, np.ndarray]:
-    try:
-        return safetensors.numpy.load_file(directory / WEIGHTS_FILE)
-    except (safetensors.SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{directory / WEIGHTS_FILE} is corrupt or truncated: {e}") from e
-
-
 def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
     """Write the mean of checkpoint `directories` (one model: the same config and
     tokenizer) to `output` as a checkpoint directory, whole or not at all; returns it."""
@@ -116,7 +98,7 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
     config = check_same_model(directories)
     mean = ParameterMean()
     for directory in directories:
-        mean.add(read_tensors(directory), str(directory))
+        mean.add(read_weights(directory), str(directory))
     tensors = mean.result()
     check_state_dict(tensors, config, source=str(directories[0] / WEIGHTS_FILE))
     with directory_written_whole(output) as tmp:

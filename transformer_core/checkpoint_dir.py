@@ -237,22 +237,34 @@ def _rename_into_place(tmp: Path, path: Path) -> None:
 def load_dir(directory: str | os.PathLike) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """Read and validate a checkpoint directory; returns (config, torch-named numpy tensors)."""
     directory = Path(directory)
+    config = read_config(directory)
+    tensors = read_weights(directory)
+    check_state_dict(tensors, config, source=str(directory / WEIGHTS_FILE))
+    return config, tensors
+
+
+def read_config(directory: Path) -> TransformerConfig:
+    """A checkpoint directory's config, once it is seen to hold a config and weights; a
+    CheckpointError naming what is missing or wrong."""
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory {directory} does not exist")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (directory / name).is_file():
             raise CheckpointError(missing_file(directory, name))
     try:
-        config = TransformerConfig.from_json(directory / CONFIG_FILE)
+        return TransformerConfig.from_json(directory / CONFIG_FILE)
     except ConfigError as e:  # the message names the file
         raise CheckpointError(str(e)) from e
+
+
+def read_weights(directory: Path) -> dict[str, np.ndarray]:
+    """A checkpoint directory's tensors by torch key, as stored (not checked against a
+    config); a CheckpointError for a damaged file."""
     try:
-        tensors = safetensors.numpy.load_file(directory / WEIGHTS_FILE)
+        return safetensors.numpy.load_file(directory / WEIGHTS_FILE)
     except (safetensors.SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(
             f"{directory / WEIGHTS_FILE} is corrupt or truncated: {e}") from e
-    check_state_dict(tensors, config, source=str(directory / WEIGHTS_FILE))
-    return config, tensors
 
 
 def missing_file(directory: Path, name: str) -> str:
