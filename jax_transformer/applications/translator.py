@@ -128,10 +128,7 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     config = model.config
     if max_len is not None and max_len > config.max_len:
         raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
-    if nbest > (1 if sampling is not None else beam):
-        raise TranslateError(f"--nbest {nbest} is more than the search finds: "
-                             + ("sampling draws one translation" if sampling is not None
-                                else f"--beam {beam} keeps {beam}"))
+    check_nbest(nbest, beam, sampling is not None)
     sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
     # Sized by the input: widths from max_len padded a word to 8192 positions for a
@@ -158,6 +155,14 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
             results[i] = [Hypothesis(tokenizer.decode(list(t)), float(score), t)
                           for t, score in zip(ids, scores[row, :nbest])]
     return results
+
+
+def check_nbest(nbest: int, beam: int, sampled: bool) -> None:
+    """Refuse asking for more translations of a line than its search finds."""
+    if nbest > (1 if sampled else beam):
+        raise TranslateError(f"--nbest {nbest} is more than the search finds: "
+                             + ("sampling draws one translation" if sampled
+                                else f"--beam {beam} keeps {beam}"))
 
 
 def encode_sources(lines, tokenizer: CheckpointTokenizer, config: TransformerConfig,

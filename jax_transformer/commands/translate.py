@@ -49,8 +49,8 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from jax_transformer.applications.translator import (TranslateError, load, search_lines,
-                                                     set_languages)
+from jax_transformer.applications.translator import (TranslateError, check_nbest, load,
+                                                     search_lines, set_languages)
 from jax_transformer.commands import exit_codes, parsing
 from transformer_core.generation import Sampling, check_alpha
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
@@ -246,6 +246,7 @@ def translate_command(argv=None) -> int:
     args = parse_args(argv)
     check_alpha(args.alpha)
     sampling = sampling_settings(args)
+    check_nbest(args.nbest or 1, args.beam, sampling is not None)
     if args.output not in (None, STDIO):
         check_not_input(args.output, args.input)
     with Output(args.output) as output:
