@@ -43,7 +43,8 @@ EventsWriter, Event, SessionLog, Summary = _import_tensorboardx()
 TENSORBOARD_DIR = "tensorboard"
 TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
         "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss", "dev_nll": "dev/nll",
-        "dev_perplexity": "dev/perplexity", "compile_seconds": "compile/seconds"}
+        "dev_perplexity": "dev/perplexity", "dev_bleu": "dev/bleu", "dev_chrf": "dev/chrf",
+        "dev_decode_seconds": "dev/decode_seconds", "compile_seconds": "compile/seconds"}
 
 
 class TensorBoardLog:

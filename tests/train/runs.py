@@ -44,6 +44,8 @@ def dev_losses(workdir) -> list[tuple[int, float]]:
 TENSORBOARD_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
                     "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss",
                     "dev_nll": "dev/nll", "dev_perplexity": "dev/perplexity",
+                    "dev_bleu": "dev/bleu", "dev_chrf": "dev/chrf",
+                    "dev_decode_seconds": "dev/decode_seconds",
                     "compile_seconds": "compile/seconds"}
 
 
