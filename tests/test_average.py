@@ -115,6 +115,20 @@ def test_bad_input_is_one_line(tmp_path, tokenizer, case):
     assert all(np.array_equal(before[k], v) for k, v in weights(a).items())
 
 
+def test_a_tokenizer_file_linked_out_of_the_checkpoint_is_refused(tmp_path, tokenizer):
+    """The average is a checkpoint to share: a tokenizer file that is a link to a file
+    outside its directory would carry that file into it (issue 47's case 16)."""
+    a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"password": "hunter2"}')
+    for directory in (a, b):
+        (directory / "special_tokens_map.json").symlink_to(secret)
+    result = average(a, b, "--output", tmp_path / "avg")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {a / 'special_tokens_map.json'} is a link to ")
+    assert not (tmp_path / "avg").exists()
+
+
 @pytest.mark.slow  # JAX loads the model
 def test_translate_takes_the_average(tmp_path, tokenizer):
     a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)

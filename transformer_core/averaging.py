@@ -21,7 +21,7 @@ import safetensors.numpy
 
 from transformer_core.checkpoint_dir import (CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE,
                                              CheckpointError, check_state_dict,
-                                             directory_written_whole, read_config,
+                                             directory_written_whole, file_to_copy, read_config,
                                              read_weights, write_atomically)
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import listing
@@ -104,5 +104,5 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
     with directory_written_whole(output) as tmp:
         write_atomically(tmp / WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(tensors, p))
         for name in (CONFIG_FILE, *tokenizer_files(directories[0])):
-            (tmp / name).write_bytes((directories[0] / name).read_bytes())
+            (tmp / name).write_bytes(file_to_copy(directories[0], name).read_bytes())
     return output
