@@ -228,7 +228,8 @@ def drop_failed_restore_echoes() -> None:
 ARRAY_READ = "_read_array_index_and_device_put"  # orbax's coroutine reading one array
 # How orbax (wrapping tensorstore's error) and tensorstore say that a read failed.
 ORBAX_READ_ERROR = "Encountered error while reading array index"
-TENSORSTORE_READ_ERROR = re.compile(r"[A-Z_]+: Error reading ")
+# tensorstore's read failure, or its failure to open an array's driver on a damaged file.
+TENSORSTORE_READ_ERROR = re.compile(r"[A-Z_]+: Error (reading|opening) ")
 
 
 def failed_read(error: BaseException | None) -> bool:

@@ -321,8 +321,9 @@ class TrainingRun:
         (--dev-bleu-sentences), written and printed beside the newest training loss;
         returns the scores as --keep-best names them."""
         dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
-        scores = self.task.dev_scores(self.trainer.local_model(state), self.tokenizer,
-                                      self.data.examples("dev"), self.settings.train)
+        with jax.transfer_guard("allow"):  # the translation puts its sources on the device
+            scores = self.task.dev_scores(self.trainer.local_model(state), self.tokenizer,
+                                          self.data.examples("dev"), self.settings.train)
         self.dev_scores = step, scores
         translated = {f"dev_{k}": scores[k] for k in ("bleu", "chrf", "decode_seconds")
                       if k in scores}

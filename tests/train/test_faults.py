@@ -270,6 +270,8 @@ def read_error(text: str) -> Exception:
     (RuntimeError("Event loop is closed"), True),
     (read_error('OUT_OF_RANGE: Error reading "x.kernel.value/0.0" in OCDBT database'), True),
     (ValueError('OUT_OF_RANGE: Error reading "x.kernel.value/0.0" in OCDBT database'), True),
+    (ValueError('DATA_LOSS: Error opening "cast" driver: Error opening "zarr" driver: Error '
+                'reading "x.bias.value/.zarray" in OCDBT database'), True),  # seen in CI
     (RuntimeError("another loop error"), False),
     (ValueError("a real error"), False),
 ])
