@@ -376,8 +376,8 @@ class TrainSettings:
                         resumable=True)
     alpha: float = setting(0.6, "beam search's length penalty ((5 + length) / 6) ** alpha "
                                 "(GNMT's; the paper's 0.6)", resumable=True)
-    decode_batch_size: int = setting(250, "sentences per batch when translating the test and dev sets",
-                                     resumable=True)
+    decode_batch_size: int = setting(250, "sentences per batch when translating the test and "
+                                          "dev sets", resumable=True)
     samples: int = setting(5, "sample translations (or continuations) printed at the end",
                            resumable=True)
     temperature: float = setting(0.8, "--task lm: sampling temperature of the printed "
