@@ -4,7 +4,7 @@ metric (--keep-best), early stopping (--patience), and what WORKDIR/export holds
 
 The best checkpoint is orbax's own bookkeeping: every evaluation saves a checkpoint
 with its dev metrics, and the checkpoint manager keeps the newest --keep ones plus the
-best one (`preservation`). Patience counts evaluations in metrics.jsonl, which a
+best one (`kept_checkpoints`). Patience counts evaluations in metrics.jsonl, which a
 resumed run has up to its step, so a run stopped by it and run again stops at once.
 """
 
