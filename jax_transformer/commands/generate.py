@@ -25,7 +25,7 @@ from pathlib import Path
 
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.applications.generator import GenerateError, generate, load
-from transformer_core.generation import Sampling, check_alpha
+from transformer_core.generation import check_alpha
 from transformer_core.text import split_lines
 
 
@@ -40,14 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="most tokens per continuation (default: as many as fit the model's "
                         "max_len after the longest prompt, at most 100)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature; 0 = greedy (default 1)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="sample from the k most likely tokens; 0 = all (default)")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="sample from the smallest set of most likely tokens whose probability "
-                        "reaches p; 1 = all (default)")
-    p.add_argument("--seed", type=int, default=0)
+    parsing.add_sampling_flags(p)
     p.add_argument("--beam-size", type=int, default=1,
                    help="> 1: beam search (deterministic; no sampling flags)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
@@ -66,17 +59,10 @@ def parse_args(argv=None):
     return args
 
 
-def sampling_settings(args) -> Sampling:
-    """The sampling flags, checked (a SamplingError names the bad one)."""
-    return Sampling(temperature=1.0 if args.temperature is None else args.temperature,
-                    top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
-                    seed=args.seed)
-
-
 def generate_command(argv=None) -> int:
     args = parse_args(argv)
     check_alpha(args.alpha)
-    sampling = sampling_settings(args)
+    sampling = parsing.sampling_from(args)
     prompts = list(args.prompt)
     if args.prompt_file:
         try:

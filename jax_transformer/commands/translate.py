@@ -52,7 +52,7 @@ from tqdm import tqdm
 from jax_transformer.applications.translator import (TranslateError, check_nbest, load,
                                                      search_lines, set_languages)
 from jax_transformer.commands import exit_codes, parsing
-from transformer_core.generation import Sampling, check_alpha
+from transformer_core.generation import check_alpha
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
                                    split_lines)
 
@@ -68,14 +68,7 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", action="store_true",
                    help="sample one translation per line (--temperature, --top-k, --top-p, "
                         "--seed) instead of searching for the best")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="--sample: sampling temperature; 0 = greedy (default 1)")
-    p.add_argument("--top-k", type=int, default=None,
-                   help="--sample: from the k most likely tokens; 0 = all (default)")
-    p.add_argument("--top-p", type=float, default=None,
-                   help="--sample: from the smallest set of most likely tokens whose "
-                        "probability reaches p; 1 = all (default)")
-    p.add_argument("--seed", type=int, default=None, help="--sample: the draws' seed (default 0)")
+    parsing.add_sampling_flags(p, when="--sample: ")
 
 
 def parse_args(argv=None):
@@ -114,7 +107,7 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be positive, got {value}")
-    sampling_flags = [f"--{name.replace('_', '-')}" for name in SAMPLING_FLAGS
+    sampling_flags = [f"--{name.replace('_', '-')}" for name in parsing.SAMPLING_FLAGS
                       if getattr(args, name) is not None]
     if sampling_flags and not args.sample:
         p.error(f"{' '.join(sampling_flags)} set how --sample draws: add --sample")
@@ -124,18 +117,6 @@ def parse_args(argv=None):
         p.error("--nbest writes every translation with its score already; drop --print-scores")
     args.beam = 1 if args.sample else 4 if args.beam is None else args.beam
     return args
-
-
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")
-
-
-def sampling_settings(args) -> Sampling | None:
-    """--sample's settings, checked (a SamplingError names the bad one); None to search."""
-    if not args.sample:
-        return None
-    return Sampling(temperature=1.0 if args.temperature is None else args.temperature,
-                    top_k=args.top_k or 0, top_p=1.0 if args.top_p is None else args.top_p,
-                    seed=args.seed or 0)
 
 
 def main(argv=None) -> int:
@@ -245,7 +226,7 @@ def read_input(source: str | None) -> list[str]:
 def translate_command(argv=None) -> int:
     args = parse_args(argv)
     check_alpha(args.alpha)
-    sampling = sampling_settings(args)
+    sampling = parsing.sampling_from(args) if args.sample else None
     check_nbest(args.nbest or 1, args.beam, sampling is not None)
     if args.output not in (None, STDIO):
         check_not_input(args.output, args.input)
