@@ -47,6 +47,9 @@ class TokenModel(nn.Module):
             self.tgt_embed = embed(config.tgt_vocab_size)
         if config.position_encoding == "learned":
             self.position_embed = embed(config.max_len + config.position_offset)
+        elif config.position_encoding == "sinusoidal":  # a constant: moves with the model, never saved
+            self.register_buffer("position_table", torch.tensor(position_rows(config)),
+                                 persistent=False)  # (max_len, D), float64 until the model is cast
         self.embed_dropout = nn.Dropout(config.dropout)
 
     def init_output(self, config: TransformerConfig):
@@ -73,9 +76,7 @@ class TokenModel(nn.Module):
             return None
         if self.config.position_encoding == "learned":
             return self.position_embed(positions + self.config.position_offset)
-        table = torch.tensor(position_rows(self.config), dtype=dtype,
-                             device=positions.device)  # (max_len, D)
-        return table[positions]
+        return self.position_table.to(dtype)[positions]
 
     def embed(self, table: nn.Embedding, ids, positions=None):  # (B, L) -> (B, L, D)
         """Token embeddings plus each position's vector: 0..L-1 by default, or
