@@ -13,7 +13,7 @@ written, differentiated by autodiff; the tuned one computes the same values and
 gradients faster (each module's docstring says how, and what it was measured
 to save). One exception: draw_keep_mask's tuned generator (a counter hash) draws
 other masks from the same distribution, so it is on only where it was measured
-to help, XLA:CPU (switch.KERNEL_EXCEPTIONS). Every speed trick in the Flax model lives
+to help, XLA:CPU and GPUs (switch.KERNEL_EXCEPTIONS). Every speed trick in the Flax model lives
 here. Which one runs is decided at one switch, switch.py: per backend
 (`KERNELS_BY_BACKEND`, `KERNEL_EXCEPTIONS`), or for all kernels with the
 environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep
