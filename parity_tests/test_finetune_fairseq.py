@@ -135,9 +135,12 @@ def test_step_one_loss_is_transformers_loss(finetuned):
     # pads over the -100s of the labels it is given, so it gets a copy.
     start = model.prepare_decoder_input_ids_from_labels(labels=labels.clone()) \
         if family == "fsmt" else None
+    on = model.device  # where make_model put it (PARITY_TORCH_DEVICE)
     with torch.no_grad():
-        want = float(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=start, labels=labels).loss)
+        want = float(model(input_ids=batch["input_ids"].to(on),
+                           attention_mask=batch["attention_mask"].to(on),
+                           decoder_input_ids=None if start is None else start.to(on),
+                           labels=labels.to(on)).loss)
     if family == "fsmt":
         assert (start[:, 0] == test_port_fairseq.EOS).all()
     step_one = next(r for r in records(tmp / "run") if r["step"] == 1 and "loss" in r)

@@ -17,6 +17,8 @@ from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, b
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
+# The smoke test checks the CPU's figures (its matmul precisions, float32), on any machine.
+CPU_ONLY = {"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
@@ -28,7 +30,8 @@ def test_bench_train_smoke(tmp_path):
                     "--steps", "2", "--warmup", "0", "--pause", "0", "--matmul-size", "64",
                     "--no-memory", "--reference-peak-tflops", "0.5", "--frameworks", "jax",
                     "jax_autodiff_grads", "jax_threefry_dropout", "torch_eager",
-                    "--out", str(out)], check=True, capture_output=True, text=True, timeout=600)
+                    "--out", str(out)], check=True, capture_output=True, text=True, timeout=600,
+                   env={**os.environ, **CPU_ONLY})
     result = json.loads(out.read_text())
     assert result["errors"] == {}
     rows = {row["framework"]: row for row in result["rows"]}

@@ -3,10 +3,12 @@ with their scores, scores of the best, sampling, and lines answered as they arri
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 
+import jax
 import numpy as np
 import pytest
 
@@ -16,11 +18,22 @@ from tests.test_translate import (REPO, jax_checkpoint, tokenizer,  # noqa: F401
 
 SOURCES = ["the quick brown fox", "", "a small red house", "the bird sings"]
 COMMAND = [sys.executable, "-m", "jax_transformer.commands.translate"]
+# float32 as IEEE float32 on every device, in this process and in the command: on a GPU,
+# JAX's default float32 matmuls are TF32, and the command's scores were 1.8e-3 from the
+# same model's here.
+IEEE_FLOAT32 = "highest"
+
+
+@pytest.fixture(autouse=True)
+def ieee_float32():
+    with jax.default_matmul_precision(IEEE_FLOAT32):
+        yield
 
 
 def translate(*args, stdin: str = "\n".join(SOURCES) + "\n") -> subprocess.CompletedProcess:
     return subprocess.run([*COMMAND, *map(str, args)], input=stdin, capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+                          text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": IEEE_FLOAT32})
 
 
 def forced_log_prob(model, framework: str, source: str, ids, tokenizer) -> float:  # noqa: F811
@@ -31,7 +44,8 @@ def forced_log_prob(model, framework: str, source: str, ids, tokenizer) -> float
     if framework == "torch":
         import torch
         with torch.no_grad():
-            logits = model(torch.from_numpy(src), torch.from_numpy(tgt))[0].double().numpy()
+            logits = model(torch.from_numpy(src).to(model.device),
+                           torch.from_numpy(tgt).to(model.device))[0].double().cpu().numpy()
     else:
         from flax import nnx
         logits = np.asarray(nnx.view(model, deterministic=True)(src, tgt)[0], np.float64)

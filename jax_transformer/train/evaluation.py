@@ -7,6 +7,7 @@ import collections
 import math
 from typing import Iterator, Sequence
 
+import jax
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
@@ -37,6 +38,7 @@ def heldout_loss(trainer, state, batches: PackedBatches) -> dict:
     dispatched = (trainer.eval_step(state, trainer.shard_batch(batch))
                   for batch in batches.epoch(0, trainer.local_rows))
     for metrics in lagging(dispatched, EVAL_BATCHES_IN_FLIGHT):
+        metrics = jax.device_get(metrics)  # explicit: the loop runs under a transfer guard
         loss_sum += float(metrics["loss_sum"])
         nll_sum += float(metrics["nll_sum"])
         tokens += int(metrics["tokens"])

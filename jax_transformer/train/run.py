@@ -201,7 +201,7 @@ class TrainingRun:
         settings, checkpointer = self.settings.train, self.checkpointer
         compiled_before = compiling.CompileCounter.snapshot()
         state, batches = self.restore()
-        start_step = step = int(state.step)  # counted on the host from here on
+        start_step = step = int(jax.device_get(state.step))  # counted on the host from here on
         # Opened before compiling, so that once "compiled in" is printed a stop is deferred
         # to the end of a step (and saved) without a gap.
         metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
@@ -283,8 +283,9 @@ class TrainingRun:
         batches = self.batches["train"].iterator(local_rows=self.trainer.local_rows)
         if self.resuming:
             state, data_state = self.checkpointer.restore_newest_intact(state, warn=log)
-            set_data_position(batches, data_state, self.settings.data, int(state.step))
-            log(f"resumed from step {int(state.step)} ({self.checkpointer.manager.directory})")
+            step = int(jax.device_get(state.step))
+            set_data_position(batches, data_state, self.settings.data, step)
+            log(f"resumed from step {step} ({self.checkpointer.manager.directory})")
         return state, batches
 
     def log_compiled(self, compiled_before, ahead_seconds: float, start_step: int,
