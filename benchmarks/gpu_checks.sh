@@ -5,6 +5,9 @@
 #   OUT=/tmp/gpu bash benchmarks/gpu_checks.sh [DEADLINE_S] [STEP...]
 #
 # Steps (default: all, in this order): race, idle, step, tests_fast, tests_slow, idle_looped.
+#   dtypes       train.py at the race's base model for 250 steps in float32, then in bfloat16
+#                on the same prepared data: the dev loss at step 250 of each (the race's
+#                sides at step 250: ours 5.418 in bfloat16, the peer 5.225)
 #   race         benchmarks/race.py, both sides, $RACE_BUDGET s each (default 120)
 #   idle         benchmarks/device_idle.py on the race's prepared corpus, scanned stacks
 #   step         benchmarks/bench_train.py, bf16 base model, jax / torch eager / torch.compile
@@ -37,7 +40,8 @@ CORPUS=(--src-path $C/train.en --tgt-path $C/train.fr --dev-src-path $C/dev.en
 RACE_MODEL=(--tokenizer-type bpe --vocab-size 16000 --max-len 256 --max-tokens 16384
             --d-model 512 --num-heads 8 --d-ff 2048 --layers 6 --dropout 0.1 --warmup 1000
             --label-smoothing 0.1 --dtype bfloat16 --checkpoint-every 1000000000 --beam 1
-            --quiet --no-tensorboard --compile-cache /tmp/race/xla-cache)
+            --quiet --no-tensorboard --compile-cache /tmp/race/xla-cache
+            --dev-bleu-sentences 0)
 
 left() { echo $(( DEADLINE - SECONDS )); }
 run() {  # run NAME CAP COMMAND...: time-boxed to min(CAP, what is left less 10 s)
@@ -61,6 +65,12 @@ for step in $STEPS; do
               --time-budget "${RACE_BUDGET:-120}" --max-tokens 16384 --workdir /tmp/race \
               --out "$OUT/race_cuda.json"
           cat /tmp/race/ours.log >> "$LOG" 2>/dev/null ;;  # train.py's own lines: its compiles
+    dtypes) run dtype_float32 200 python3 train.py --workdir /tmp/race/ours "${CORPUS[@]}" \
+              "${RACE_MODEL[@]}" --dtype float32 --steps 250 --eval-every 250
+          grep dev_loss /tmp/race/ours/metrics.jsonl | tee -a "$LOG"
+          run dtype_bfloat16 150 python3 train.py --workdir /tmp/dtype-bf16 \
+              --data /tmp/race/ours/data "${RACE_MODEL[@]}" --steps 250 --eval-every 250
+          grep dev_loss /tmp/dtype-bf16/metrics.jsonl | tee -a "$LOG" ;;
     idle) run idle 120 python3 benchmarks/device_idle.py --first 50 --last 65 \
               --trace-dir /tmp/idle-scanned -- --data /tmp/race/ours/data \
               --workdir /tmp/idle-scanned "${RACE_MODEL[@]}" --steps 70 --eval-every 1000 ;;
@@ -69,7 +79,7 @@ for step in $STEPS; do
               --workdir /tmp/idle-looped "${RACE_MODEL[@]}" --steps 70 --eval-every 1000 \
               --scan-layers off ;;
     step) run step 240 python3 benchmarks/bench_train.py --dtype bfloat16 --batch-size 384 \
-              --src-len 64 --tgt-len 64 --frameworks jax jax_hash_dropout torch_eager \
+              --src-len 64 --tgt-len 64 --frameworks jax jax_threefry_dropout torch_eager \
               torch_compile --no-memory --out "$OUT/train_gpu.json" ;;
     tests_fast|tests_slow)  # a test stopped by the deadline still writes its junit file (SIGINT)
         tier=${step#tests_}; [[ $tier == fast ]] && marker="not slow" || marker=slow

@@ -136,7 +136,7 @@ def run_ours(args, workdir: Path) -> dict:
                "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 ** 9),
                "--beam", "1", "--decode-batch-size", str(args.decode_batch_size),
                "--compile-cache", args.compile_cache or str(workdir / "xla-cache"),
-               "--quiet", "--no-tensorboard"]
+               "--dev-bleu-sentences", "0", "--quiet", "--no-tensorboard"]
     env = {**os.environ, "JAX_PLATFORMS": args.device}
     log_path = workdir / "ours.log"
     print(f"ours: {' '.join(command[1:])}", flush=True)
