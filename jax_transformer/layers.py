@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jax_transformer.kernels.attention import attention, project_kv, project_qkv
+from jax_transformer.kernels.attention import (attention, attention_heads_first, project_kv,
+                                               project_qkv)
 from jax_transformer.kernels.dropout import Dropout
 from jax_transformer.kernels.feed_forward import feed_forward
 from jax_transformer.kernels.layer_norm import LayerNorm
@@ -32,9 +33,13 @@ def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: b
                   rngs=rngs, dtype=dtype, param_dtype=param_dtype)
 
 
+def heads_first(x):  # (B, L, H, Dh) -> (B, H, L, Dh)
+    return x.transpose(0, 2, 1, 3)
+
+
 class KVCache:
-    """An attention sublayer's keys and values (B, L, H, Dh) while decoding, one
-    position a step: self-attention's buffers for every position, which `append`
+    """An attention sublayer's keys and values (B, H, L, Dh) while decoding, one
+    position a step (heads first, the layout attention reads them in): self-attention's buffers for every position, which `append`
     fills at `position`, or cross-attention's, the memory's projected once. It
     lives for one step (Decoder.decode_step): `append` rebinds k and v to the
     updated arrays, which the step returns as the new cache."""
@@ -42,10 +47,11 @@ class KVCache:
     def __init__(self, k, v, position=None):
         self.k, self.v, self.position = k, v, position
 
-    def append(self, k, v):  # (B, 1, H, Dh) each -> every position's (B, L, H, Dh)
-        self.k = jax.lax.dynamic_update_slice_in_dim(self.k, k, self.position, axis=1)
-        self.v = jax.lax.dynamic_update_slice_in_dim(self.v, v, self.position, axis=1)
-        return self.k, self.v
+    def append(self, k, v):  # (B, 1, H, Dh) each, written at `position` of (B, H, L, Dh)
+        self.k = jax.lax.dynamic_update_slice_in_dim(self.k, heads_first(k), self.position,
+                                                     axis=2)
+        self.v = jax.lax.dynamic_update_slice_in_dim(self.v, heads_first(v), self.position,
+                                                     axis=2)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -76,16 +82,21 @@ class MultiHeadAttention(nnx.Module):
         out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
         return self.W_o(out.reshape(*out.shape[:2], -1)), weights
 
+    def attend_cache(self, q, cache: KVCache, mask):  # -> (B, Tq, D), weights (B, H, Tq, L)
+        out, weights = attention_heads_first(q, cache.k, cache.v, mask, self.dropout)
+        return self.W_o(out.reshape(*out.shape[:2], -1)), weights
+
     def __call__(self, query, key_value, mask=None, cache: KVCache | None = None):
         """query (B, Tq, D), key_value (B, Tk, D) -> (B, Tq, D), weights (B, H, Tq, Tk).
         While decoding, self-attention adds its keys/values to `cache` and attends to
         all it holds; cross-attention (key_value None) reads the memory's from it."""
+        if cache is None:
+            return self.attend(*self.project(query, key_value), mask)
         if key_value is None:
-            return self.attend(self.project_q(query), cache.k, cache.v, mask)
+            return self.attend_cache(self.project_q(query), cache, mask)
         q, k, v = self.project(query, key_value)
-        if cache is not None:
-            k, v = cache.append(k, v)
-        return self.attend(q, k, v, mask)
+        cache.append(k, v)
+        return self.attend_cache(q, cache, mask)
 
 
 class FeedForward(nnx.Module):
@@ -177,13 +188,13 @@ class DecoderLayer(nnx.Module):
     def init_cache(self, memory, max_len: int):
         """Cross-attention keys/values of `memory` (B, S, D), projected once per
         sentence, and empty self-attention buffers for `max_len` positions."""
-        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        cross_k, cross_v = map(heads_first, self.cross_attn.project_kv(memory))  # (B, H, S, Dh)
         cache = self.init_self_cache(cross_k.shape[0], max_len, cross_k.dtype)
         return {**cache, "cross_k": cross_k, "cross_v": cross_v}
 
     def init_self_cache(self, batch_size: int, max_len: int, dtype):
-        """Empty self-attention key/value buffers (B, max_len, H, Dh)."""
-        empty = jnp.zeros((batch_size, max_len, self.self_attn.num_heads,
+        """Empty self-attention key/value buffers (B, H, max_len, Dh)."""
+        empty = jnp.zeros((batch_size, self.self_attn.num_heads, max_len,
                            self.self_attn.head_dim), dtype)
         return {"self_k": empty, "self_v": empty}
 
@@ -230,7 +241,7 @@ class Decoder(nnx.Module):
         caches = [(KVCache(c["self_k"], c["self_v"], position),
                    KVCache(c["cross_k"], c["cross_v"]) if "cross_k" in c else None)
                   for c in cache]
-        L = cache[0]["self_k"].shape[1]
+        L = cache[0]["self_k"].shape[2]
         visible = (jnp.arange(L) <= position).reshape(1, 1, 1, L)
         x, _, _ = self(x, None, src_mask, visible, caches)
         return x, [{**c, "self_k": kv.k, "self_v": kv.v} for c, (kv, _) in zip(cache, caches)]

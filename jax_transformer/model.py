@@ -143,8 +143,8 @@ class Transformer(TokenModel):
 
     def init_cache(self, memory, max_len: int):
         """The decoding cache for `memory` (B, S, D): one dict per decoder layer with
-        self-attention buffers "self_k"/"self_v" (B, max_len, H, Dh), filled as
-        decoding goes, and "cross_k"/"cross_v" (B, S, H, Dh), projected here once."""
+        self-attention buffers "self_k"/"self_v" (B, H, max_len, Dh), filled as
+        decoding goes, and "cross_k"/"cross_v" (B, H, S, Dh), projected here once."""
         if max_len > self.config.max_len:
             raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")
         return self.decoder.init_cache(memory, max_len)
@@ -240,7 +240,7 @@ class DecoderOnlyTransformer(TokenModel):
         return (logits, {"decoder_self": weights}) if return_attention else logits
 
     def init_cache(self, batch_size: int, max_len: int, dtype=jnp.float32):
-        """Empty self-attention buffers "self_k"/"self_v" (B, max_len, H, Dh), one
+        """Empty self-attention buffers "self_k"/"self_v" (B, H, max_len, Dh), one
         dict per layer, filled as decoding goes. `dtype`: the compute dtype."""
         if max_len > self.config.max_len:
             raise ValueError(f"decoding length {max_len} exceeds max_len {self.config.max_len}")

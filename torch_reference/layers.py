@@ -29,7 +29,13 @@ def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
 def attention(q, k, v, mask, dropout: nn.Dropout):
     """softmax(q k^T / sqrt(Dh)) v for every head: q (B, Tq, H, Dh), k and v (B, Tk, H, Dh)
     -> out (B, Tq, H, Dh), weights (B, H, Tq, Tk). Masked scores get finfo.min."""
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, L, Dh)
+    return attention_heads_first(q, k.transpose(1, 2), v.transpose(1, 2), mask, dropout)
+
+
+def attention_heads_first(q, k, v, mask, dropout: nn.Dropout):
+    """attention over keys and values (B, H, Tk, Dh), the layout a decoding cache
+    keeps them in (no copy of the whole cache into it at every step)."""
+    q = q.transpose(1, 2)  # (B, H, Tq, Dh)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     if mask is not None:
@@ -39,9 +45,13 @@ def attention(q, k, v, mask, dropout: nn.Dropout):
     return out.transpose(1, 2), weights  # (B, Tq, H, Dh)
 
 
+def heads_first(x):  # (B, L, H, Dh) -> (B, H, L, Dh)
+    return x.transpose(1, 2)
+
+
 class KVCache:
-    """An attention sublayer's keys and values (B, L, H, Dh) while decoding, one
-    position a step: self-attention's buffers for every position, which `append`
+    """An attention sublayer's keys and values (B, H, L, Dh) while decoding, one
+    position a step (heads first, the layout attention reads them in): self-attention's buffers for every position, which `append`
     fills at `position`, or cross-attention's, the memory's projected once. It
     lives for one step (Decoder.decode_step): `append` writes into the buffers in
     place (JAX rebinds k and v to updated arrays)."""
@@ -49,10 +59,9 @@ class KVCache:
     def __init__(self, k, v, position=None):
         self.k, self.v, self.position = k, v, position
 
-    def append(self, k, v):  # (B, 1, H, Dh) each -> every position's (B, L, H, Dh)
-        self.k[:, self.position] = k[:, 0]
-        self.v[:, self.position] = v[:, 0]
-        return self.k, self.v
+    def append(self, k, v):  # (B, 1, H, Dh) each, written at `position` of (B, H, L, Dh)
+        self.k[:, :, self.position] = k[:, 0]
+        self.v[:, :, self.position] = v[:, 0]
 
 
 class MultiHeadAttention(nn.Module):
@@ -82,16 +91,21 @@ class MultiHeadAttention(nn.Module):
         out, weights = attention(q, k, v, mask, self.dropout)  # (B, Tq, H, Dh)
         return self.W_o(out.flatten(2)), weights
 
+    def attend_cache(self, q, cache: KVCache, mask):  # -> (B, Tq, D), weights (B, H, Tq, L)
+        out, weights = attention_heads_first(q, cache.k, cache.v, mask, self.dropout)
+        return self.W_o(out.flatten(2)), weights
+
     def forward(self, query, key_value, mask=None, cache: KVCache | None = None):
         """query (B, Tq, D), key_value (B, Tk, D) -> (B, Tq, D), weights (B, H, Tq, Tk).
         While decoding, self-attention adds its keys/values to `cache` and attends to
         all it holds; cross-attention (key_value None) reads the memory's from it."""
+        if cache is None:
+            return self.attend(*self.project(query, key_value), mask)
         if key_value is None:
-            return self.attend(self.project_q(query), cache.k, cache.v, mask)
+            return self.attend_cache(self.project_q(query), cache, mask)
         q, k, v = self.project(query, key_value)
-        if cache is not None:
-            k, v = cache.append(k, v)
-        return self.attend(q, k, v, mask)
+        cache.append(k, v)
+        return self.attend_cache(q, cache, mask)
 
 
 class FeedForward(nn.Module):
@@ -181,13 +195,13 @@ class DecoderLayer(nn.Module):
     def init_cache(self, memory, max_len: int):
         """Cross-attention keys/values of `memory` (B, S, D), projected once per
         sentence, and empty self-attention buffers for `max_len` positions."""
-        cross_k, cross_v = self.cross_attn.project_kv(memory)  # (B, S, H, Dh)
+        cross_k, cross_v = map(heads_first, self.cross_attn.project_kv(memory))  # (B, H, S, Dh)
         cache = self.init_self_cache(cross_k.shape[0], max_len, cross_k.dtype, cross_k.device)
         return {**cache, "cross_k": cross_k, "cross_v": cross_v}
 
     def init_self_cache(self, batch_size: int, max_len: int, dtype, device):
-        """Empty self-attention key/value buffers (B, max_len, H, Dh)."""
-        shape = (batch_size, max_len, self.self_attn.num_heads, self.self_attn.head_dim)
+        """Empty self-attention key/value buffers (B, H, max_len, Dh)."""
+        shape = (batch_size, self.self_attn.num_heads, max_len, self.self_attn.head_dim)
         return {"self_k": torch.zeros(shape, dtype=dtype, device=device),
                 "self_v": torch.zeros(shape, dtype=dtype, device=device)}
 
@@ -240,7 +254,7 @@ class Decoder(nn.Module):
         caches = [(KVCache(c["self_k"], c["self_v"], position),
                    KVCache(c["cross_k"], c["cross_v"]) if "cross_k" in c else None)
                   for c in cache]
-        L = cache[0]["self_k"].shape[1]
+        L = cache[0]["self_k"].shape[2]
         visible = (torch.arange(L, device=x.device) <= position).reshape(1, 1, 1, L)
         x, _, _ = self(x, None, src_mask, visible, caches)
         return x, [{**c, "self_k": kv.k, "self_v": kv.v} for c, (kv, _) in zip(cache, caches)]
