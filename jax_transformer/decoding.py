@@ -29,10 +29,12 @@ processor leaves it probability 1).
 Sampling draws its randomness in numpy (transformer_core.generation), so both
 frameworks pick the same tokens for the same seed.
 
-The model runs in eval mode (dropout off) whatever mode it is in. Each search
+The model runs in eval mode (dropout off) whatever mode it is in; `model` may
+also be search.eval_model(model), split once for many searches. Each search
 is one `jax.jit` over a `lax.while_loop` whose carry holds a fixed-size cache
-(see Transformer.init_cache / decode_step), so a batch shape compiles once,
-not once per token; the loop stops early when every sentence has finished.
+(see Transformer.init_cache / decode_step; beam search grows it between loops,
+search.growing_loop), so a batch shape compiles once, not once per token; the
+loop stops early when every sentence has finished.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ from flax import nnx
 from jax_transformer.masks import padding_mask
 from jax_transformer.model import Transformer
 from jax_transformer.search import (LENGTH_PENALTY_STYLES, beam_result, beam_state,
-                                    beam_update, beams_settled, eval_split, force_tokens,
-                                    greedy_pick, length_penalty, log_softmax, prepare_sampling,
-                                    sample_ids)
+                                    beam_update, beams_settled, cache_lengths, eval_split,
+                                    force_tokens, greedy_pick, growing_loop, length_penalty,
+                                    log_softmax, prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -115,19 +117,19 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
-    cache = model.init_cache(memory, max_len)
     tokens = jnp.full((B, max_len + 1), pad, jnp.int32).at[:, 0].set(bos)  # (B, 1 + L)
     score_dtype = jnp.promote_types(memory.dtype, jnp.float32)
-    init = (jnp.int32(0), tokens, jnp.zeros((B,), score_dtype), jnp.zeros((B,), bool), cache)
+    init = dict(t=jnp.int32(0), tokens=tokens, scores=jnp.zeros((B,), score_dtype),
+                finished=jnp.zeros((B,), bool),
+                cache=model.init_cache(memory, max_len))
 
-    def not_done(carry):
-        t, _, _, finished, _ = carry
-        return (t < max_len) & ~jnp.all(finished)
+    def not_done(s):
+        return (s["t"] < max_len) & ~jnp.all(s["finished"])
 
-    def step(carry):
-        t, tokens, scores, finished, cache = carry
-        inputs = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)  # (B, 1)
-        logits, cache = model.decode_step(inputs, cache, t, src_mask)  # (B, V)
+    def step(s):
+        t = s["t"]
+        inputs = jax.lax.dynamic_slice_in_dim(s["tokens"], t, 1, axis=1)  # (B, 1)
+        logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B, V)
         if forced is not None:
             logits = force_tokens(logits, forced, (t == 0) & (forced >= 0))
         chosen = None
@@ -135,12 +137,14 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
             uniforms, inverse_temperature, top_p = draws
             chosen = sample_ids(logits, uniforms[:, t], inverse_temperature, top_p, k=k,
                                 nucleus=nucleus)
-        next_ids, scores, finished = greedy_pick(logits, scores, finished, pad, eos, chosen)
-        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, next_ids[:, None], t + 1, axis=1)
-        return t + 1, tokens, scores, finished, cache
+        next_ids, scores, finished = greedy_pick(logits, s["scores"], s["finished"], pad, eos,
+                                                 chosen)
+        tokens = jax.lax.dynamic_update_slice_in_dim(s["tokens"], next_ids[:, None], t + 1,
+                                                     axis=1)
+        return dict(t=t + 1, tokens=tokens, scores=scores, finished=finished, cache=cache)
 
-    _, tokens, scores, _, _ = jax.lax.while_loop(not_done, step, init)
-    return tokens[:, 1:], scores
+    s = jax.lax.while_loop(not_done, step, init)
+    return s["tokens"][:, 1:], s["scores"]
 
 
 # -------------------------------------------------------------------- beam
@@ -180,7 +184,8 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, bea
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
     # Beams are flattened into the batch: row b * K + k is beam k of sentence b.
     # All beams of a sentence share its cross-attention keys/values.
-    cache = jax.tree.map(lambda x: jnp.repeat(x, K, axis=0), model.init_cache(memory, max_len))
+    cache = jax.tree.map(lambda x: jnp.repeat(x, K, axis=0),
+                         model.init_cache(memory, cache_lengths(max_len)[0]))
     src_mask = jnp.repeat(src_mask, K, axis=0)  # (B*K, 1, 1, S)
     dtype = jnp.promote_types(memory.dtype, jnp.float32)
     alpha = alpha.astype(dtype)  # traced: another alpha does not recompile
@@ -203,7 +208,8 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, bea
         return beam_update({**s, "cache": cache}, log_probs.reshape(B, K, -1), t + 1, alpha, eos,
                            style=style, last=t + 1 >= max_len)
 
-    tokens, scores = beam_result(jax.lax.while_loop(not_done, step, init), best_possible_lp)
+    tokens, scores = beam_result(growing_loop(not_done, step, init, cache_lengths(max_len)),
+                                 best_possible_lp)
     return tokens[:, :, 1:], scores
 
 

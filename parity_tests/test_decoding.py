@@ -16,6 +16,7 @@ from flax import nnx
 import torch_reference
 from jax_transformer import TransformerConfig, pretrained
 from jax_transformer import decoding as jax_decoding
+from jax_transformer import search as jax_search
 from jax_transformer.model import Transformer
 from jax_transformer.scanned import scan_layers
 from parity_tests.helpers import (SCANNING, TORCH_DEVICE, fast_tier, skip_unless_float64,
@@ -204,6 +205,27 @@ def test_beam_jax_equals_torch(models, alpha):
     np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
     scores = np.asarray(jax_scores)
     assert (np.diff(scores, axis=1) <= 0).all()  # best beam first
+
+
+def test_beam_search_over_a_growing_cache_equals_torch(models):
+    """max_len 80: the JAX beam search's cache grows through 32, 40 and 80 positions
+    (search.growing_loop), torch's holds 80 from the start. With eos_id -1 no beam
+    ends, and the searches run all 80 steps."""
+    model, _ = models
+    long = Transformer(model.config.replace(max_len=80), rngs=nnx.Rngs(0), dtype=jnp.float64,
+                       param_dtype=jnp.float64)
+    nnx.update(long, nnx.state(model))
+    torch_model = torch_copy(long, torch.float64)
+    assert jax_search.cache_lengths(80) == [32, 40, 80]
+    for eos_id in (None, -1):
+        jax_tokens, jax_scores = jax_decoding.beam_search(
+            long, source_batch(), max_len=80, beam_size=BEAM, eos_id=eos_id)
+        torch_tokens, torch_scores = torch_decoding.beam_search(
+            torch_model, source_batch(), max_len=80, beam_size=BEAM, eos_id=eos_id)
+        np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+        np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9,
+                                   rtol=0)
+    assert (np.asarray(jax_tokens) != CONFIG.pad_id).all()  # eos -1: 80 tokens everywhere
 
 
 @pytest.mark.parametrize("alpha", fast_tier([0.6, 0.0], fast={0.6}))

@@ -129,6 +129,9 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     if max_len is not None and max_len > config.max_len:
         raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
     check_nbest(nbest, beam, sampling is not None)
+    if framework == "jax":
+        from jax_transformer.search import eval_model
+        model = eval_model(model)  # split once, not at every batch
     sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
     # Sized by the input: widths from max_len padded a word to 8192 positions for a
