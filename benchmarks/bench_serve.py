@@ -17,8 +17,10 @@ the first --sentences lines of --src-path, text in and text out, greedy and with
 Every search ranks beams by summed log-probabilities (our alpha 0, "hf" style;
 CTranslate2's length_penalty 0), the setting in which the CTranslate2 export decodes
 our tokens exactly (parity_tests/test_export_ctranslate2.py), up to the same
---max-len tokens. Each (system, search) runs once as a warm-up (JAX compiles there),
-then --rounds times, all of them in turn each round; the figure is the median.
+--max-len tokens. Each (system, search) runs once as a warm-up (JAX compiles there,
+into an empty persistent cache; each JAX search then runs once more from that cache,
+its programs dropped from memory: the warm-up of a later process), then --rounds
+times, all of them in turn each round; the figure is the median.
 BLEU (sacrebleu) is against --ref-path; "same as JAX" counts translations identical
 to ours. Nothing here reads a corpus of its own: the paths are flags.
 
@@ -103,11 +105,28 @@ def systems(args, ct2_dir: Path, max_len: int) -> dict:
 
 
 def measure(args, translate: dict, lines: list[str], references: list[str]) -> list[dict]:
-    """One row per (system, search): a warm-up run each, then the rounds, in turn."""
+    """One row per (system, search): a warm-up run each, then the rounds, in turn. JAX's
+    warm-ups compile into an empty persistent cache (`compiled`: its programs and
+    seconds); each JAX search is then warmed up again with the in-memory programs
+    dropped, from that cache (`warm_cache`: its seconds and what loading took)."""
+    import jax
     import sacrebleu
+
+    from jax_transformer.train.compiling import CompileCounter
     runs = {(name, beam): (lambda run=run, beam=beam: run(lines, beam))
             for beam in (1, args.beam) for name, run in translate.items()}
-    warmups = {key: runner.timed(run) for key, run in runs.items()}
+    CompileCounter.start()
+    warmups, compiled = {}, {}
+    for key, run in runs.items():
+        before = CompileCounter.snapshot()
+        warmups[key] = runner.timed(run)
+        compiled[key] = CompileCounter.since(before)
+    warm_cache = {}
+    for key in [key for key in runs if key[0] == "jax"]:
+        jax.clear_caches()
+        before = CompileCounter.snapshot()
+        warm_cache[key] = dict(seconds=runner.timed(runs[key])[0],
+                               **CompileCounter.since(before))
     times = runner.alternate({key: lambda i, run=run: runner.timed(run)[0]
                               for key, run in runs.items()}, args.rounds)
     rows = []
@@ -117,6 +136,8 @@ def measure(args, translate: dict, lines: list[str], references: list[str]) -> l
         rows.append(dict(
             system=name, beam=beam, seconds=seconds, sentences_per_s=len(lines) / seconds,
             warmup_seconds=warmup_seconds, runs=times[name, beam],
+            compiled=compiled[name, beam] if name == "jax" else None,
+            warm_cache=warm_cache.get((name, beam)),
             bleu=sacrebleu.corpus_bleu(outputs, [references]).score,
             same_as_jax=sum(a == b for a, b in zip(outputs, ours)) / len(lines)))
         print(f"{name:12s} beam {beam}  {rows[-1]['sentences_per_s']:8.1f} sentences/s  median "
@@ -142,6 +163,12 @@ def describe(result: dict) -> Report:
                    f"{r['sentences_per_s'] / jax_rate[r['beam']]:.2f}x",
                    f"{r['seconds']:.2f}", f"{r['warmup_seconds']:.2f}", len(r["runs"]),
                    f"{r['bleu']:.2f}", f"{r['same_as_jax']:.0%}"] for r in rows]
+    compiles = [[search_name(r["beam"]), r["compiled"]["programs"],
+                 f"{r['compiled']['compile_seconds']:.2f}",
+                 f"{r['compiled']['trace_lower_seconds']:.2f}", f"{r['warmup_seconds']:.2f}",
+                 r["warm_cache"]["cache_hits"], f"{r['warm_cache']['cache_load_seconds']:.2f}",
+                 f"{r['warm_cache']['seconds']:.2f}", f"{r['seconds']:.2f}"]
+                for r in rows if r.get("compiled")]
     int8 = []
     for beam in sorted(jax_rate):
         full = find(rows, "ct2_float32", beam)["bleu"]
@@ -168,7 +195,12 @@ def describe(result: dict) -> Report:
                        "warm-up (s)", "rounds", "BLEU", "same as JAX"), throughput,
                       align="llrrrrrrr"),
                 Table(("search", "float32 BLEU", "int8 BLEU", "int8 change"), int8,
-                      align="lrrr")],
+                      align="lrrr")]
+               + ([Table(("JAX search", "programs compiled", "compiling (s)",
+                          "tracing and lowering (s)", "warm-up, cold cache (s)",
+                          "programs loaded", "loading (s)", "warm-up, warm cache (s)",
+                          "median run (s)"), compiles, align="lrrrrrrrr")]
+                  if compiles else []),
         settings={k: result[k] for k in ("checkpoint", "src_path", "ref_path", "sentences",
                                          "batch_size", "beam", "max_len", "rounds",
                                          "threads")},
@@ -183,10 +215,12 @@ def main(argv=None):
     import jax
 
     from jax_transformer.port.ctranslate2 import export_ctranslate2
+    from jax_transformer.train.compiling import use_compilation_cache
     lines = read_lines(args.src_path, args.sentences)
     references = read_lines(args.ref_path, args.sentences)
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
+        use_compilation_cache(Path(tmp) / "xla-cache")  # empty: the warm-ups compile
         config = export_ctranslate2(args.checkpoint, Path(tmp) / "ct2")
         max_len = args.max_len or config.max_len
         rows = measure(args, systems(args, Path(tmp) / "ct2", max_len), lines, references)

@@ -199,9 +199,14 @@ def compile_result() -> dict:
 
 
 def serve_row(system, beam, sentences_per_s, bleu) -> dict:
+    ours = system == "jax"
     return {"system": system, "beam": beam, "seconds": 300 / sentences_per_s,
             "sentences_per_s": sentences_per_s, "warmup_seconds": 12.345, "runs": [1.0] * 3,
-            "bleu": bleu, "same_as_jax": 0.97}
+            "bleu": bleu, "same_as_jax": 0.97,
+            "compiled": {"programs": 3, "compile_seconds": 7.125 + beam,
+                         "trace_lower_seconds": 0.625} if ours else None,
+            "warm_cache": {"seconds": 2.5 * beam, "cache_hits": 3,
+                           "cache_load_seconds": 0.375} if ours else None}
 
 
 def step_variants_result() -> dict:
@@ -280,7 +285,8 @@ PAGES = {
     "bench_serve": (bench_serve, serve_result, (
         "ours, JAX (jit, KV cache)", "CTranslate2 float32", "CTranslate2 int8", "greedy",
         "beam 4", "12.5", "75.0", "6.00x", "24.00", "12.35", "3", "10.11", "9.87", "97%",
-        "-0.24", "+0.25", "runs/bible/export", "test.fr", "300", "ctranslate2", "4.8.5"), (
+        "-0.24", "+0.25", "runs/bible/export", "test.fr", "300", "ctranslate2", "4.8.5",
+        "programs compiled", "8.12", "11.12", "0.62", "0.38", "2.50", "10.00"), (
         "load average 5.2 at the start, 6.8 at the end", "d_model 256", "3+3 layers",
         "vocabulary 8000")),
     "bench_data": (bench_data, data_result, (
@@ -418,6 +424,10 @@ def test_bench_serve_smoke(tmp_path):
     for row in rows.values():
         assert row["sentences_per_s"] > 0 and len(row["runs"]) == 1 and 0 <= row["bleu"] <= 100
     assert rows["ct2_float32", 1]["same_as_jax"] == rows["ct2_float32", 4]["same_as_jax"] == 1
+    for beam in (1, 4):  # compiled into the empty cache, then every program loaded from it
+        compiled, warm = rows["jax", beam]["compiled"], rows["jax", beam]["warm_cache"]
+        assert compiled["programs"] > 0 and compiled["cache_hits"] == 0
+        assert warm["programs"] == 0 and warm["cache_hits"] >= compiled["programs"]
     assert_cells(out.with_suffix(".md").read_text(), "CTranslate2 int8",
                  f"{rows['ct2_int8', 4]['sentences_per_s']:.1f}")
 
