@@ -61,8 +61,6 @@ def _prepare(model: Transformer, src_ids, src_mask, max_len: int, eos_id):
         raise ValueError(f"max_len must be in [1, {config.max_len}] (the model's max_len), "
                          f"got {max_len}")
     src_ids = jnp.asarray(src_ids, jnp.int32)
-    if src_mask is None:
-        src_mask = padding_mask(src_ids, config.pad_id)  # (B, 1, 1, S)
     graphdef, state = eval_split(model)
     ids = dict(bos=config.bos_id, pad=config.pad_id,
                eos=config.eos_id if eos_id is None else int(eos_id))
@@ -116,6 +114,7 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
     None or the first tokens (B,) (negative: none)."""
     model = nnx.merge(graphdef, state)
     B = src_ids.shape[0]
+    src_mask = padding_mask(src_ids, pad) if src_mask is None else src_mask  # (B, 1, 1, S)
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
     tokens = jnp.full((B, max_len + 1), pad, jnp.int32).at[:, 0].set(bos)  # (B, 1 + L)
     score_dtype = jnp.promote_types(memory.dtype, jnp.float32)
@@ -181,6 +180,7 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, bea
               bos, eos, pad):
     model = nnx.merge(graphdef, state)
     B, K = src_ids.shape[0], beam_size
+    src_mask = padding_mask(src_ids, pad) if src_mask is None else src_mask  # (B, 1, 1, S)
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
     # Beams are flattened into the batch: row b * K + k is beam k of sentence b.
     # All beams of a sentence share its cross-attention keys/values.
@@ -224,6 +224,8 @@ def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mas
     unless `pad_to` > 1 right-pads the prefix to a multiple of it (the causal
     mask hides the padding): fewer compilations, a little more work."""
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
+    if src_mask is None:
+        src_mask = padding_mask(src_ids, ids["pad"])  # (B, 1, 1, S)
     memory = _encode_jit(graphdef, state, src_ids, src_mask)
     B = src_ids.shape[0]
     tokens = np.full((B, 1), ids["bos"], np.int32)

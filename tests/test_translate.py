@@ -207,6 +207,29 @@ def test_a_file_of_every_length_compiles_a_few_programs(jax_checkpoint, beam):
     assert search._cache_size() - before == len(translator.source_widths(32)) == 3
 
 
+@pytest.mark.slow  # 1,000 sentences, each search compiled afresh
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_file_of_1000_sentences_of_mixed_lengths_compiles_at_most_8_programs(
+        jax_checkpoint, beam):
+    """Every program the translation needs, counted from JAX's compile events (compiled
+    or loaded from the persistent cache): one search per source width, and nothing
+    else. Before: each width also compiled the padding mask's two eager ops (9 for
+    greedy search over the serve benchmark's 300 sentences)."""
+    import jax
+
+    from jax_transformer.train.compiling import CompileCounter
+    model, tokenizer = translator.load(jax_checkpoint, "jax")
+    rng = np.random.default_rng(0)
+    words = "the quick brown fox a small red house bird sings".split()
+    lines = [" ".join(rng.choice(words, rng.integers(1, 31))) for _ in range(1000)]
+    CompileCounter.start()
+    jax.clear_caches()  # whatever this worker compiled before counts again
+    before = CompileCounter.snapshot()
+    translator.translate_lines(lines, model, tokenizer, beam=beam, batch_size=32)
+    compiled = CompileCounter.since(before)
+    assert 0 < compiled["programs"] + compiled["cache_hits"] <= 8
+
+
 def test_blank_lines_stay_blank_and_are_not_translated(torch_checkpoint):
     model, tokenizer = translator.load(torch_checkpoint, "torch")
     batches = []
