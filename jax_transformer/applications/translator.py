@@ -121,9 +121,10 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     blank hypotheses without running the model. Sentences are sorted by length into
     batches and padded to one of the `source_widths` of the longest source's length
     rounded up to a power of two (at most the model's max_len), so JAX compiles each
-    search at most SOURCE_WIDTHS times whatever the lengths, not once per batch, and
-    buffers grow with the input, not with max_len. `length_penalty_style` "hf" is
-    transformers' beam search (length_penalty = alpha).
+    search at most SOURCE_WIDTHS times whatever the lengths (once more for the last,
+    smaller batch), not once per batch, and buffers grow with the input, not with
+    max_len. `length_penalty_style` "hf" is transformers' beam search (length_penalty =
+    alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
@@ -145,9 +146,11 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
                   forced=getattr(tokenizer, "forced_first_id", None))  # the target language's
     for batch in (progress(batches) if progress else batches):
         width = padded_length(max(len(sources[i]) for i in batch), widths)
-        # Fixed shapes for jit: every batch is (batch_size, width); filler rows are [eos].
-        src = np.full((batch_size if framework == "jax" else len(batch), width), config.pad_id,
-                      np.int32)
+        # Few shapes for jit: a batch is (batch_size, width), the last one's rows rounded up
+        # to a power of two (12 sentences: 16 rows, not 32); filler rows are [eos].
+        rows = (min(batch_size, 1 << (len(batch) - 1).bit_length()) if framework == "jax"
+                else len(batch))
+        src = np.full((rows, width), config.pad_id, np.int32)
         src[:, 0] = config.eos_id
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = sources[i]
