@@ -18,8 +18,8 @@ into the same tokens and scores.
                                            transformers' length ** alpha (style "hf")
     beam_state / beam_update / beams_settled / beam_result
                                            the beam search's state, step, stop test and result
-    cache_lengths(max_len) / growing_loop(not_done, step, state, max_len)
-                                           the search loop, its cache grown as it goes
+    cache_lengths(max_len) / growing_loop(not_done, step, state, lengths)
+                                           beam search's loop, its cache grown as it goes
 """
 
 from __future__ import annotations
