@@ -1,6 +1,6 @@
 """Test-session setup shared by parity_tests/ and tests/: one OpenMP thread per worker,
-one CPU device, XLA's deterministic GPU ops, the compilation cache, the release of
-compiled programs, and the jax_pinned marker.
+one CPU device, the compilation cache, the release of compiled programs, and the
+jax_pinned marker.
 
 JAX's persistent compilation cache lets the many tests that compile the same
 program (train.py runs, decoding searches, the hundreds of small eager ops a
@@ -31,13 +31,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # otherwise hold for whichever in-process run first starts JAX in a worker, and for
 # every later test of that worker. tests/train/test_cpu_devices.py runs the default.
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
-# On a GPU, XLA's default reductions may differ from run to run: two identical train.py
-# runs of the slow tier differed at step 4 on an H200 (1e-5 of the loss), so the tests
-# that compare runs bit for bit ask for XLA's deterministic ops, here and in the runs
-# they start (no effect on a CPU).
-if "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
-                                                     "--xla_gpu_deterministic_ops=true"]))
 
 _CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "jax_transformer",
                   "pytest-xla")
