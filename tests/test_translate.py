@@ -213,8 +213,8 @@ def test_a_file_of_1000_sentences_of_mixed_lengths_compiles_at_most_8_programs(
         jax_checkpoint, beam):
     """Every program the translation needs, counted from JAX's compile events (compiled
     or loaded from the persistent cache): one search per source width and one for the
-    last, smaller batch, nothing else. Before: each width also compiled the padding mask's two eager ops (9 for
-    greedy search over the serve benchmark's 300 sentences)."""
+    last, smaller batch, nothing else. Before: each width also compiled the padding
+    mask's two eager ops (9 for greedy search over the serve benchmark's 300 sentences)."""
     import jax
 
     from jax_transformer.train.compiling import CompileCounter

@@ -50,11 +50,12 @@ def heads_first(x):  # (B, L, H, Dh) -> (B, H, L, Dh)
 
 
 class KVCache:
-    """An attention sublayer's keys and values (B, H, L, Dh) while decoding, one
-    position a step (heads first, the layout attention reads them in): self-attention's buffers for every position, which `append`
-    fills at `position`, or cross-attention's, the memory's projected once. It
-    lives for one step (Decoder.decode_step): `append` writes into the buffers in
-    place (JAX rebinds k and v to updated arrays)."""
+    """An attention sublayer's keys and values (B, H, L, Dh) while decoding (heads
+    first, the layout attention reads them in), one position a step: self-attention's
+    buffers for every position, which `append` fills at `position`, or
+    cross-attention's, the memory's projected once. It lives for one step
+    (Decoder.decode_step): `append` writes into the buffers in place (JAX rebinds k
+    and v to updated arrays)."""
 
     def __init__(self, k, v, position=None):
         self.k, self.v, self.position = k, v, position

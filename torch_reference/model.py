@@ -47,9 +47,9 @@ class TokenModel(nn.Module):
             self.tgt_embed = embed(config.tgt_vocab_size)
         if config.position_encoding == "learned":
             self.position_embed = embed(config.max_len + config.position_offset)
-        elif config.position_encoding == "sinusoidal":  # a constant: moves with the model, never saved
+        elif config.position_encoding == "sinusoidal":  # a constant, never saved
             self.register_buffer("position_table", torch.tensor(position_rows(config)),
-                                 persistent=False)  # (max_len, D), float64 until the model is cast
+                                 persistent=False)  # (max_len, D), float64 until cast
         self.embed_dropout = nn.Dropout(config.dropout)
 
     def init_output(self, config: TransformerConfig):
