@@ -42,13 +42,16 @@ def prepared_step(train_flags: list[str], count: int):
     import jax
 
     from jax_transformer.commands.train import parse_args
-    from jax_transformer.train import compiling, cpu_devices, host_memory
+    from jax_transformer.train import cpu_devices
+    from jax_transformer.train.runtime import compiling, host_memory
     from jax_transformer.train.run import TrainingRun
+    from jax_transformer.train.settings import default_compile_cache
 
     settings = parse_args(train_flags)
     cpu_devices.split_cpu(settings)  # the run's devices, unless the environment sets them
     host_memory.keep_freed_memory()  # as train.py does
-    compiling.use_compilation_cache(settings.train.compile_cache)
+    compiling.use_compilation_cache(settings.train.compile_cache,
+                                    default=default_compile_cache())
     run = TrainingRun(settings)
     run.primary, run.workdir = False, Path(settings.train.workdir)  # reads the run's files only
     run.prepare()

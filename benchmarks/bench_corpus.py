@@ -105,7 +105,8 @@ def run_jax(args, config, batches, state_dict, shapes) -> dict:
 
     from jax_transformer.model import Transformer
     from jax_transformer.pretrained import load_torch_state_dict
-    from jax_transformer.train import compiling, step as training
+    from jax_transformer.train import step as training
+    from jax_transformer.train.runtime import compiling
 
     compiling.use_compilation_cache(None)
     compiling.CompileCounter.start()

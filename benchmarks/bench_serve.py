@@ -112,7 +112,7 @@ def measure(args, translate: dict, lines: list[str], references: list[str]) -> l
     import jax
     import sacrebleu
 
-    from jax_transformer.train.compiling import CompileCounter
+    from jax_transformer.train.runtime.compiling import CompileCounter
     runs = {(name, beam): (lambda run=run, beam=beam: run(lines, beam))
             for beam in (1, args.beam) for name, run in translate.items()}
     CompileCounter.start()
@@ -215,7 +215,7 @@ def main(argv=None):
     import jax
 
     from jax_transformer.port.ctranslate2 import export_ctranslate2
-    from jax_transformer.train.compiling import use_compilation_cache
+    from jax_transformer.train.runtime.compiling import use_compilation_cache
     lines = read_lines(args.src_path, args.sentences)
     references = read_lines(args.ref_path, args.sentences)
     load_start = os.getloadavg()[0]

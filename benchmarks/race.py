@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import report, runner  # noqa: E402
 from benchmarks.race_peer import LABEL_SMOOTHING, PEER_TOKENIZER_FILE, run_peer  # noqa: E402
 from benchmarks.report import Report, Table  # noqa: E402
-from jax_transformer.train import host_memory  # noqa: E402
+from jax_transformer.train.runtime import host_memory  # noqa: E402
 from transformer_core.checkpoint_dir import TOKENIZER_FILE  # noqa: E402
 
 SIDES = ("ours", "peer")
@@ -90,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     p.add_argument("--peer-malloc", choices=PEER_MALLOC, default="default",
                    help="the peer's process: glibc's malloc as a plain loop has it (default), "
-                        "or keeping freed memory as train.py does (train/host_memory.py)")
+                        "or keeping freed memory as train.py does (train/runtime/host_memory.py)")
     g = p.add_argument_group("model and training, the same on both sides (default: the "
                              "paper's base model)")
     runner.add_model_args(g)

@@ -32,7 +32,7 @@ from jax_transformer.commands import train as train_command
 from jax_transformer.commands import translate as translate_command
 from jax_transformer.data import corpora
 from jax_transformer.train.inputs import unknown_id
-from jax_transformer.train.settings import TrainError
+from transformer_core.errors import TrainError
 from parity_tests import test_fairseq_tokenizers, test_fsmt_tokenizer, test_port_fairseq
 from parity_tests.test_finetune import records, write_lines
 from transformer_core import checkpoint_dir

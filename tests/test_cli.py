@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jax_transformer import signals
+from jax_transformer.train.runtime import signals
 from jax_transformer.commands import exit_codes
 from tests.train.runs import TINY
 from transformer_core.errors import RunFailed

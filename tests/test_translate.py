@@ -217,7 +217,7 @@ def test_a_file_of_1000_sentences_of_mixed_lengths_compiles_at_most_8_programs(
     mask's two eager ops (9 for greedy search over the serve benchmark's 300 sentences)."""
     import jax
 
-    from jax_transformer.train.compiling import CompileCounter
+    from jax_transformer.train.runtime.compiling import CompileCounter
     model, tokenizer = translator.load(jax_checkpoint, "jax")
     rng = np.random.default_rng(0)
     words = "the quick brown fox a small red house bird sings".split()

@@ -1,8 +1,9 @@
 """The base class of every error a user's input can cause, and how such errors list things.
 
 Each concern has its own subclass (ConfigError, CheckpointError, TokenizerError,
-CorpusError, PortError, TranslateError, TrainError); library code raises them
-and never exits. The command-line wrapper (jax_transformer.commands.exit_codes)
+CorpusError, PortError, TranslateError, TrainError), most beside the code that
+raises them; TrainError lives here because train/'s runtime raises it too, below the
+settings. Library code raises them and never exits. The command-line wrapper (jax_transformer.commands.exit_codes)
 prints any InputError as `error: ...` on stderr and exits with code 2, a
 RunFailed with code 1.
 """
@@ -14,6 +15,10 @@ from typing import Iterable
 
 class InputError(ValueError):
     """Bad input (a flag, a file, a config value); the message says which and why."""
+
+
+class TrainError(InputError):
+    """A training run cannot start as asked (settings, work directory, environment)."""
 
 
 class RunFailed(RuntimeError):

@@ -20,14 +20,14 @@ import signal
 import sys
 from typing import Callable, Sequence
 
-from jax_transformer.signals import Interrupted, exit_at_once, set_stop_handlers
+from jax_transformer.train.runtime.signals import Interrupted, exit_at_once, set_stop_handlers
 from transformer_core.errors import InputError, RunFailed
 
 
 def run(main: Callable[[Sequence[str] | None], int | None],
         argv: Sequence[str] | None = None) -> int:
     """Call `main(argv)` and turn its outcome into an exit code; SIGINT and SIGTERM stop
-    it at once (jax_transformer.signals) unless `main` handles them itself.
+    it at once (jax_transformer.train.runtime.signals) unless `main` handles them itself.
 
     After a stop (Interrupted) the stop handlers stay in place: the process is on its
     way out, and a signal sent again while it shuts down (JAX and orbax take seconds)

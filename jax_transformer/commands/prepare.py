@@ -20,14 +20,13 @@ import dataclasses
 import sys
 from typing import Sequence
 
-from jax_transformer import signals
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepare import Encoding, key, prepare, stopped_preparing
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train.corpus import corpus
-from jax_transformer.train.settings import (MAX_SEED, PREPARED_FIELDS, DataSettings, TrainError,
-                                            flag)
-from transformer_core.errors import InputError
+from jax_transformer.train.runtime import signals
+from jax_transformer.train.settings import MAX_SEED, PREPARED_FIELDS, DataSettings, flag
+from transformer_core.errors import InputError, TrainError
 from transformer_core.tokenizer import TokenizerError
 
 

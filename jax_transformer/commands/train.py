@@ -34,7 +34,8 @@ from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared import Prepared
-from jax_transformer.train import finetune, jax_variables
+from jax_transformer.train import finetune
+from jax_transformer.train.runtime import jax_variables
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
                                             PRESET_TRAIN_DEFAULTS, PRESETS,
                                             TASK_DEFAULTS, DataSettings, ModelSettings,

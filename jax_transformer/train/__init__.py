@@ -1,26 +1,33 @@
-"""Training: the run and its maths, the process plumbing under it, and its records.
+"""Training: the run and its maths here; the process under it in runtime/, and what
+it writes in records/.
 
     run.py          TrainingRun: prepare, the loop, export, evaluate
     settings.py     DataSettings, ModelSettings, TrainSettings: train.py's flags, typed;
                     each says whether a resume may change it
     run_args.py     the settings' history: older run_args.json files in today's names
+    resume.py       run_args.json: the settings a resume must repeat, checked
     corpus.py       the corpus the data flags name
     inputs.py       the prepared corpus, the tokenizer, the batches
+    prefetch.py     the next batches on the devices ahead of use
     task.py         Task: translation.py (--task translate), language_model.py (--task lm)
     step.py         the loss, the schedules, Adam, build_trainer, Trainer (jit-compiled steps)
-    prefetch.py     the next batches on the devices ahead of use
-    late_metrics.py the step metrics read late, checked finite
+    selection.py    Policy (which steps are evaluated and saved), --keep-best, --patience,
+                    --export last | best | average
     evaluation.py   held-out loss and nll, exact match, sacreBLEU, chrF, unigram entropy
     finetune.py     --init-from: a checkpoint's config, weights and tokenizer
-    compiling.py    ahead-of-time compiles, the persistent cache, compile counts
-    checkpoints.py  orbax training checkpoints (Checkpointer, restore_model), damaged ones set aside
-    workdir.py      the work directory: its lock, run_args.json, metrics.jsonl, atomic writes
-    tensorboard.py  TensorBoard event files: metrics.jsonl's numbers as scalars
-    plots.py        the loss curve and an attention heatmap
-    report.py       eval.json's "training"
-    interrupts.py   SIGINT/SIGTERM and --time-budget: finish the step, save, stop
-    distributed.py, peers.py   --distributed: joining, the other processes, agreed stops
-    jax_variables.py the variables JAX reads (JAX_PLATFORMS, ...) checked, as bad input
-    cpu_devices.py, host_memory.py, disk_full.py   a CPU split into devices, freed host
-                    memory kept, a full disk as one line
+    checkpoints.py  orbax checkpoints of step.py's TrainState (Checkpointer, restore_model),
+                    damaged ones set aside
+    disk_full.py    a full disk as one line, naming the checkpoint a resume starts from
+    distributed.py  --distributed: joining the other processes, ending together
+    cpu_devices.py  --cpu-devices: a CPU split into JAX devices
+    runtime/        the process, knowing nothing of train.py's settings: signals.py
+                    (SIGINT/SIGTERM for every command), interrupts.py (train.py's deferred
+                    stops, --time-budget), peers.py (the other processes: a watch, posted
+                    failures, agreed stops), compiling.py (ahead-of-time compiles, the
+                    persistent cache, compile counts), host_memory.py (glibc keeps freed
+                    host memory), jax_variables.py (JAX_PLATFORMS, ... checked as bad input)
+    records/        what a run writes as it goes: workdir.py (the lock, metrics.jsonl,
+                    files written whole), tensorboard.py, plots.py (the loss curve, an
+                    attention heatmap), late_metrics.py (step metrics read late, checked
+                    finite), report.py (eval.json's "training")
 """

@@ -31,7 +31,8 @@ from flax import nnx
 
 from jax_transformer import scanned
 from jax_transformer.model import TokenModel, build_model
-from jax_transformer.train import peers, selection
+from jax_transformer.train import selection
+from jax_transformer.train.runtime import peers
 from jax_transformer.train.step import TrainState
 from transformer_core.checkpoint_dir import CONFIG_FILE, CheckpointError
 from transformer_core.config import TransformerConfig

@@ -22,7 +22,8 @@ from typing import Mapping
 
 import jax
 
-from jax_transformer.train.settings import RunSettings, TrainError
+from jax_transformer.train.settings import RunSettings
+from transformer_core.errors import TrainError
 
 DEFAULT_CPU_DEVICES = 2  # measured on 2 cores; more devices than cores ran slower
 FORCED_COUNT_FLAG = "--xla_force_host_platform_device_count"

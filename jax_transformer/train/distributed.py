@@ -1,10 +1,10 @@
 """Several processes as one run (train.py --distributed): joining JAX's multi-controller
-runtime, and ending together when one process fails or dies (train.peers).
+runtime, and ending together when one process fails or dies (train.runtime.peers).
 
     check_environment(settings)  refuse JAX_NUM_PROCESSES > 1 without --distributed
     initialize(settings)         jax.distributed.initialize() with the coordinator's
                                  settings (flags, else JAX_* variables, else the cluster's)
-                                 and timeouts that let train.peers act first
+                                 and timeouts that let train.runtime.peers act first
     together(settings, hint)     around the run: watch the peers; an error ends every
                                  process at once, shown once
 """
@@ -23,11 +23,10 @@ from typing import Callable, Iterator, Mapping
 
 import jax
 
-from jax_transformer import signals
-from jax_transformer.train import peers
 from jax_transformer.train.checkpoints import CHECKPOINTS, complete_steps
-from jax_transformer.train.settings import TrainError, TrainSettings, flag
-from transformer_core.errors import InputError, RunFailed
+from jax_transformer.train.runtime import peers, signals
+from jax_transformer.train.settings import TrainSettings, flag
+from transformer_core.errors import InputError, RunFailed, TrainError
 
 # The coordinator's settings: the flag's field -> the environment variable read without it.
 # jax.distributed.initialize() reads only the first itself.
@@ -39,7 +38,7 @@ MISSING_DISTRIBUTED = {
     "coordinator_address should be defined": ("coordinator_address", "coordinator address"),
     "Number of processes must be defined": ("num_processes", "number of processes"),
     "process id of the current process must be defined": ("process_id", "process id")}
-# JAX's own heartbeat ends a silent peer's run this long after train.peers would have
+# JAX's own heartbeat ends a silent peer's run this long after train.runtime.peers would have
 # (and JAX's way is a page of runtime logs and an abort).
 HEARTBEAT_MARGIN_SECONDS = 10
 # Joining: say what a process waits for after this long; JAX's initialization timeout (it

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jax_transformer import signals
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.encoding import unknown_id
 from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
@@ -27,9 +26,11 @@ from jax_transformer.data.prepare import (Encoding, NoneFits, Share, key, prepar
                                           stopped_preparing)
 from jax_transformer.data.prepared import Prepared, file_sha256, link_or_copy
 from jax_transformer.data.rows import fitting_row_shape, positions_needed
-from jax_transformer.train import corpus as train_corpus, peers
-from jax_transformer.train.settings import DataSettings, RunSettings, TrainError
+from jax_transformer.train import corpus as train_corpus
+from jax_transformer.train.runtime import peers, signals
+from jax_transformer.train.settings import DataSettings, RunSettings
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
+from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerError
 
 DATA_DIR = "data"  # WORKDIR/data: the run's prepared corpus, unless --data names one

@@ -22,7 +22,8 @@ import numpy as np
 from jax_transformer import lm_decoding
 from jax_transformer.data.encoding import encode_lines
 from jax_transformer.model import DecoderOnlyTransformer
-from jax_transformer.train import evaluation, plots
+from jax_transformer.train import evaluation
+from jax_transformer.train.records import plots
 from jax_transformer.train.settings import TrainSettings
 from transformer_core.generation import Sampling, pad_prompts
 from transformer_core.tokenizer import Tokenizer

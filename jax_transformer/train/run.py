@@ -23,28 +23,31 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jax_transformer import scanned, signals
+from jax_transformer import scanned
 from jax_transformer.data.prepared import SPLITS
-from jax_transformer.train import (compiling, cpu_devices, disk_full, distributed, evaluation,
-                                   finetune, host_memory, interrupts, jax_variables, plots,
+from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
                                    selection)
 from jax_transformer.train.checkpoints import Checkpointer
-from jax_transformer.train.late_metrics import LateMetrics, TrainingDiverged
-from jax_transformer.train.prefetch import Prefetcher
-from jax_transformer.train.report import replicas, training_report
 from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
                                           run_tokenizer, set_data_position)
-from jax_transformer.train.settings import RunSettings, TrainError
+from jax_transformer.train.prefetch import Prefetcher
+from jax_transformer.train.records import plots
+from jax_transformer.train.records.late_metrics import LateMetrics, TrainingDiverged
+from jax_transformer.train.records.report import replicas, training_report
+from jax_transformer.train.records.tensorboard import TENSORBOARD_DIR
+from jax_transformer.train.records.workdir import (METRICS_FILE, MetricsLog, open_workdir,
+                                                   write_text_atomically)
+from jax_transformer.train.resume import FINGERPRINT, check_run_settings, recorded_settings
+from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
+                                           signals)
+from jax_transformer.train.settings import RunSettings, default_compile_cache
 from jax_transformer.train.step import build_trainer
 from jax_transformer.train.task import TASKS
-from jax_transformer.train.tensorboard import TENSORBOARD_DIR
-from jax_transformer.train.workdir import (FINGERPRINT, METRICS_FILE, MetricsLog,
-                                           check_run_settings, open_workdir,
-                                           recorded_settings, write_text_atomically)
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
                                             write_atomically)
 from transformer_core.config import TransformerConfig
+from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
@@ -93,8 +96,8 @@ class TrainingRun:
 
     def _run(self) -> dict:
         settings = self.settings.train
-        self.compile_cache = compiling.use_compilation_cache(settings.compile_cache,
-                                                             warn=log)
+        self.compile_cache = compiling.use_compilation_cache(
+            settings.compile_cache, warn=log, default=default_compile_cache())
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary
@@ -196,7 +199,7 @@ class TrainingRun:
         """The loop: steps up to --steps, or until --time-budget has passed; metrics,
         evaluations, checkpoints. Returns the final state, saved, and the run's report
         (batches, compiling, speed, what stopped it). SIGINT/SIGTERM: the step finishes
-        and is saved (train.interrupts), then signals.Interrupted says so. The host
+        and is saved (train.runtime.interrupts), then signals.Interrupted says so. The host
         reads no device value between the logging points (late_metrics.py)."""
         settings, checkpointer = self.settings.train, self.checkpointer
         compiled_before = compiling.CompileCounter.snapshot()
@@ -207,9 +210,8 @@ class TrainingRun:
         metrics_log = MetricsLog(self.workdir / METRICS_FILE, start_step, enabled=self.primary,
                                  tensorboard=self.workdir / TENSORBOARD_DIR
                                  if settings.tensorboard else None)
-        patience = selection.Patience(settings.keep_best, settings.patience,
-                            self.workdir / METRICS_FILE if self.primary else None)
-        finished = patience.spent()  # a resumed run that stopped early: finish it untrained
+        policy = selection.Policy(settings, self.workdir / METRICS_FILE if self.primary else None)
+        finished = policy.patience.spent()  # a resumed run that stopped early: finish it untrained
         ahead_seconds = 0.0 if finished else self.compile_ahead(state, step)
         updates = Prefetcher(batches, self.trainer.shard_batch, settings.accumulate)
         data_state = batches.get_state()  # the position of the batches trained on so far
@@ -237,9 +239,9 @@ class TrainingRun:
                 late.add(step, metrics, update.tokens, began)
                 host_seconds.append(time.thread_time() - began_cpu)
                 self.after_step(state, step, data_state, late, (metrics_log, progress),
-                                patience, stops)
+                                policy, stops)
             self.write_metrics(late, True, metrics_log, progress)  # before the final save
-            self.say_why_stopped(stops, patience, step, start_step, seconds_before_training)
+            self.say_why_stopped(stops, policy.patience, step, start_step, seconds_before_training)
             if step != self.last_saved:  # a signal or the budget between checkpoints
                 checkpointer.save(state, data_state)
             checkpointer.wait()
@@ -257,21 +259,16 @@ class TrainingRun:
         return state, report
 
     def after_step(self, state, step: int, data_state: dict, late: LateMetrics, outputs,
-                   patience: selection.Patience, stops: interrupts.StopRequests) -> None:
-        """What is due after `step`: the metrics read into `outputs` (the metrics log
-        and the progress bar), an evaluation, a checkpoint (with --keep-best, at every
-        evaluation, with its scores); a stop request once --patience has run out."""
-        settings = self.settings.train
-        evaluate = step % settings.eval_every == 0 or step == settings.steps
-        save = (step % settings.checkpoint_every == 0 or step == settings.steps
-                or evaluate and settings.keep_best is not None)
+                   policy: selection.Policy, stops: interrupts.StopRequests) -> None:
+        """What `policy` says is due after `step`: the metrics read into `outputs` (the
+        metrics log and the progress bar), an evaluation, a checkpoint (with the
+        evaluation's scores); a stop request once --patience has run out."""
+        evaluate, save = policy.due(step)
         if late.due() or evaluate or save:
             loss = self.write_metrics(late, evaluate or save, *outputs)
         scores = self.evaluate_dev(state, step, loss, outputs[0]) if evaluate else None
-        if scores and settings.keep_best:
-            patience.add(step, scores[settings.keep_best])
-            if patience.spent():
-                stops.stop_early()
+        if scores and policy.judge(step, scores):
+            stops.stop_early()
         if save:
             self.checkpointer.save(state, data_state, metrics=scores)
             self.last_saved = step

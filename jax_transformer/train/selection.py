@@ -1,6 +1,7 @@
-"""Which model a run ends with, and when it stops early: the best checkpoint by a dev
-metric (--keep-best), early stopping (--patience), and what WORKDIR/export holds
-(--export last | best | average of the last --average-last checkpoints).
+"""Which steps a run evaluates and saves (Policy), when it stops early, and which model
+it ends with: the best checkpoint by a dev metric (--keep-best), early stopping
+(--patience), and what WORKDIR/export holds (--export last | best | average of the
+last --average-last checkpoints).
 
 The best checkpoint is orbax's own bookkeeping: every evaluation saves a checkpoint
 with its dev metrics, and the checkpoint manager keeps the newest --keep ones plus the
@@ -19,7 +20,7 @@ import jax
 import numpy as np
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from jax_transformer.train.settings import BEST_METRICS
+from jax_transformer.train.settings import BEST_METRICS, TrainSettings
 from jax_transformer.train.step import replicate
 from transformer_core.averaging import ParameterMean
 
@@ -67,6 +68,34 @@ class Patience:
     def reason(self) -> str:
         return (f"--patience {self.patience}: {self.metric} has not improved for {self.since} "
                 f"evaluations (best {self.best:.4g} at step {self.best_step})")
+
+
+class Policy:
+    """When the loop evaluates and saves: every --eval-every and --checkpoint-every steps
+    and at the last step; with --keep-best, every evaluation is saved with its scores,
+    which --patience judges."""
+
+    def __init__(self, settings: TrainSettings, metrics_file: Path | None):
+        """`metrics_file`: metrics.jsonl, which process 0 (the one that decides
+        --patience) passes; the others pass None."""
+        self.settings = settings
+        self.patience = Patience(settings.keep_best, settings.patience, metrics_file)
+
+    def due(self, step: int) -> tuple[bool, bool]:
+        """Whether `step` is evaluated, and whether it is saved."""
+        settings = self.settings
+        last = step == settings.steps
+        evaluate = step % settings.eval_every == 0 or last
+        save = (step % settings.checkpoint_every == 0 or last
+                or evaluate and settings.keep_best is not None)
+        return evaluate, save
+
+    def judge(self, step: int, scores: dict) -> bool:
+        """Count an evaluation's `scores` (--keep-best's metric among them); True once
+        --patience has run out."""
+        if self.settings.keep_best:
+            self.patience.add(step, scores[self.settings.keep_best])
+        return self.patience.spent()
 
 
 def mean_params(restored: Iterable[tuple[int, object]]):

@@ -24,7 +24,7 @@ from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 from jax_transformer.train.run_args import OLD_FLAGS
 from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
                                      TransformerConfig)
-from transformer_core.errors import InputError
+from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
@@ -63,10 +63,6 @@ BEST_METRICS = {"dev_bleu": "max", "dev_chrf": "max", "dev_loss": "min"}
 EXPORTS = ("last", "best", "average")  # --export
 # The test translation of the paper's models: beam 4, length penalty 0.6 (--alpha's default).
 PRESET_TRAIN_DEFAULTS = {"base": {"beam": 4}, "big": {"beam": 4}}
-
-
-class TrainError(InputError):
-    """A training run cannot start as asked (settings, work directory)."""
 
 
 def require(condition: bool, message: str) -> None:

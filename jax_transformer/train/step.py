@@ -309,7 +309,7 @@ class Trainer:
 
     def programs(self, state: TrainState, shapes, accumulate: int = 1):
         """[(name, jitted step, args)]: every step a run on batches of `shapes` calls,
-        for compiling ahead (jax_transformer.train.compiling)."""
+        for compiling ahead (jax_transformer.train.runtime.compiling)."""
         jobs = []
         for shape in shapes:
             batch, name = self.batch_spec(shape), "x".join(map(str, shape))

@@ -14,7 +14,8 @@ import numpy as np
 
 from jax_transformer.applications import translator
 from jax_transformer.model import Transformer
-from jax_transformer.train import evaluation, plots
+from jax_transformer.train import evaluation
+from jax_transformer.train.records import plots
 from jax_transformer.train.settings import TrainSettings
 from transformer_core.fairseq_tokenizer import FairseqTokenizer
 from transformer_core.tokenizer import Tokenizer

@@ -40,7 +40,7 @@ def dev_losses(workdir) -> list[tuple[int, float]]:
 
 
 # metrics.jsonl key -> the TensorBoard tag train.py must write it under (spelled out
-# here rather than read from jax_transformer.train.tensorboard, so a dropped tag fails)
+# here rather than read from jax_transformer.train.records.tensorboard, so a dropped tag fails)
 TENSORBOARD_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm",
                     "tokens_per_s": "train/tgt_tokens_per_s", "dev_loss": "dev/loss",
                     "dev_nll": "dev/nll", "dev_perplexity": "dev/perplexity",

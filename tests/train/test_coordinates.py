@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from jax_transformer.train import distributed
-from jax_transformer.train.settings import TrainError, TrainSettings
+from jax_transformer.train.settings import TrainSettings
+from transformer_core.errors import TrainError
 from tests.train.runs import tiny_settings
 
 ENV = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jax_transformer.train.cpu_devices import chosen_count, split_cpu
-from jax_transformer.train.settings import TrainError
+from transformer_core.errors import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 
 # The test session runs on one CPU device (conftest.py sets JAX_NUM_CPU_DEVICES=1);

@@ -23,8 +23,8 @@ import pytest
 from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.data.prepared import SPLITS, Prepared
 from jax_transformer.train import checkpoints, inputs
+from jax_transformer.train.records.workdir import open_workdir
 from jax_transformer.train.settings import DataSettings
-from jax_transformer.train.workdir import open_workdir
 from tests.train.runs import (REPO_ROOT, TINY, dev_losses, losses, metrics_scalars,
                               tensorboard_scalars, tiny_run, tiny_settings)
 from transformer_core.tokenizer import Tokenizer

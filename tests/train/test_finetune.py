@@ -26,12 +26,13 @@ from jax_transformer.commands import train as train_command
 from jax_transformer.data import corpora
 from jax_transformer.data.packing import PackedBatches
 from jax_transformer.pretrained import to_torch_state_dict
-from jax_transformer.train import finetune, inputs, settings
+from jax_transformer.train import finetune, settings
 from jax_transformer.train.run import TrainingRun
 from jax_transformer.train.step import freeze, make_optimizer, make_schedule, warmup_schedule
 from tests.train.runs import REPO_ROOT, TINY, losses, records, tiny_run, tiny_settings
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
+from transformer_core.errors import TrainError
 from transformer_core.tokenizer import Tokenizer
 
 # TINY without the model flags: --init-from brings the model (TINY's repeat it, also fine).
@@ -289,9 +290,9 @@ def test_a_resumed_fine_tuning_run_gives_the_uninterrupted_losses(exported, tmp_
     config, tensors = checkpoint_dir.load_dir(source / "export")
     tensors["encoder.layers.0.ffn.W_1.bias"][0] += 1.0
     checkpoint_dir.save_dir(other, config, tensors, tokenizer=source / "export" / "tokenizer.model")
-    with pytest.raises(settings.TrainError, match="another checkpoint .* than the one the run"):
+    with pytest.raises(TrainError, match="another checkpoint .* than the one the run"):
         tiny_run(tmp_path, *FINETUNE, "--init-from", str(other), "--steps", "8")
-    with pytest.raises(settings.TrainError, match="holds a fine-tuning run .* resume it with "
+    with pytest.raises(TrainError, match="holds a fine-tuning run .* resume it with "
                                                   "the same --init-from DIR"):
         tiny_run(tmp_path, *FINETUNE, "--steps", "8")
     tiny_run(tmp_path, *FINETUNE, *init, "--steps", "8")

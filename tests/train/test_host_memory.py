@@ -1,4 +1,4 @@
-"""train.py keeps the host memory XLA frees between steps (train/host_memory.py): a
+"""train.py keeps the host memory XLA frees between steps (train/runtime/host_memory.py): a
 block freed by a thread is reused by the next allocation, not faulted in again."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from jax_transformer.train import host_memory
-from jax_transformer.train.host_memory import ENVIRONMENT_VARIABLE, wanted
+from jax_transformer.train.runtime import host_memory
+from jax_transformer.train.runtime.host_memory import ENVIRONMENT_VARIABLE, wanted
 from tests.train.runs import REPO_ROOT
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
@@ -95,7 +95,7 @@ def test_a_plugin_in_the_jax_plugins_namespace_leaves_malloc_alone(monkeypatch, 
 
 
 KEEP = """
-from jax_transformer.train.host_memory import keep_freed_memory
+from jax_transformer.train.runtime.host_memory import keep_freed_memory
 assert keep_freed_memory()
 """
 

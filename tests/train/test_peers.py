@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jax_transformer.train import peers
+from jax_transformer.train.runtime import peers
 
 
 class KeyValueStore:

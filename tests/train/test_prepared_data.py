@@ -7,8 +7,8 @@ import pytest
 
 from jax_transformer.commands import prepare as prepare_command
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.train import settings
 from tests.train.runs import TINY, losses, tiny_run, tiny_settings
+from transformer_core.errors import TrainError
 
 # TINY's data flags: what jaxformer-prepare takes of them.
 DATA_FLAGS = TINY[:TINY.index("--d-model")]
@@ -42,7 +42,7 @@ def test_flags_that_contradict_a_prepared_directory_are_refused(tmp_path):
     assert prepare_command.main(["--output", str(directory), *DATA_FLAGS, "--quiet"]) == 0
     run = tiny_settings(tmp_path / "run", "--data", str(directory))
     assert run.data.num_train == 1500 and run.data.vocab_size == 200  # DIR's own
-    with pytest.raises(settings.TrainError, match=r"--data .* was prepared with --max-len 256; "
+    with pytest.raises(TrainError, match=r"--data .* was prepared with --max-len 256; "
                                                   r"drop --max-len 64"):
         tiny_settings(tmp_path / "run", "--data", str(directory), "--max-len", "64")
     manifest = json.loads((directory / "manifest.json").read_text())

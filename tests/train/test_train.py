@@ -29,13 +29,13 @@ from transformer_core import checkpoint_dir
 from jax_transformer.data.packing import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
-from transformer_core.errors import RunFailed
+from transformer_core.errors import RunFailed, TrainError
 from jax_transformer.train import settings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.run import TrainingRun
 from jax_transformer.train.run_args import ADDED_SETTINGS
-from jax_transformer.train.workdir import check_run_settings, recorded_settings
+from jax_transformer.train.resume import check_run_settings, recorded_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
 
@@ -117,7 +117,7 @@ def test_resume_refuses_other_settings(tmp_path):
     check_run_settings(tmp_path, recorded(tmp_path, "--steps", "8", "--eval-every", "2",
                                           "--time-budget", "60"), resuming=True)
     # ...anything that changes the model or the data order may not.
-    with pytest.raises(settings.TrainError, match="--d-ff 64 -> 48"):
+    with pytest.raises(TrainError, match="--d-ff 64 -> 48"):
         check_run_settings(tmp_path, recorded(tmp_path, "--d-ff", "48"), resuming=True)
 
 
@@ -173,7 +173,7 @@ def test_a_run_args_json_from_before_the_config_vocabulary_resumes(tmp_path):
                         *ADDED_SETTINGS}}
     (tmp_path / "run_args.json").write_text(json.dumps({**old, "heads": 4, "layers": 1}))
     check_run_settings(tmp_path, recorded(tmp_path), resuming=True)
-    with pytest.raises(settings.TrainError, match="--num-encoder-layers 1 -> 2"):
+    with pytest.raises(TrainError, match="--num-encoder-layers 1 -> 2"):
         check_run_settings(tmp_path, recorded(tmp_path, "--layers", "2"), resuming=True)
 
 
@@ -191,7 +191,7 @@ def test_marian_flags_leave_the_default_model_and_old_runs_alone(tmp_path):
            if k not in ("activation", "position_layout")}
     (tmp_path / "run_args.json").write_text(json.dumps(old))
     check_run_settings(tmp_path, recorded(tmp_path), resuming=True)
-    with pytest.raises(settings.TrainError, match="--position-layout 'interleaved' -> 'half_split'"):
+    with pytest.raises(TrainError, match="--position-layout 'interleaved' -> 'half_split'"):
         check_run_settings(tmp_path, recorded(tmp_path, "--position-layout", "half_split"),
                            resuming=True)
 

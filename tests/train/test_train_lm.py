@@ -22,6 +22,7 @@ from jax_transformer.model import DecoderOnlyTransformer
 from jax_transformer.train import language_model, settings
 from tests.train.runs import losses, tiny_run, tiny_settings
 from transformer_core.config import TransformerConfig
+from transformer_core.errors import TrainError
 from transformer_core.generation import Sampling
 
 LM = ["--task", "lm", "--max-tokens", "256"]
@@ -35,7 +36,7 @@ LM = ["--task", "lm", "--max-tokens", "256"]
     (["--samples", "-1"], "--samples must be 0 or more"),
 ])
 def test_lm_flags_that_do_not_fit_are_refused(tmp_path, flags, message):
-    with pytest.raises(settings.TrainError, match=message):
+    with pytest.raises(TrainError, match=message):
         tiny_settings(tmp_path, *LM, *flags)
 
 
@@ -144,7 +145,7 @@ def test_lm_on_a_text_file_resumes_exactly(tmp_path):
     summary = tiny_run(tmp_path / "resumed", *flags, "--steps", "10")  # resumes from step 6
     assert losses(tmp_path / "resumed") == losses(tmp_path / "reference")
     assert summary["step"] == 10 and summary["test"]["lines"] == 40
-    with pytest.raises(settings.TrainError, match="--task 'lm' -> 'translate'"):
+    with pytest.raises(TrainError, match="--task 'lm' -> 'translate'"):
         tiny_run(tmp_path / "resumed", "--steps", "12")
     assert np.isfinite([loss for _, loss in losses(tmp_path / "resumed")]).all()
 

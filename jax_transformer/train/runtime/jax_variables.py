@@ -13,7 +13,7 @@ import os
 import re
 from typing import Mapping
 
-from jax_transformer.train.settings import TrainError
+from transformer_core.errors import TrainError
 
 # JAX's errors for a variable it cannot parse, and the variable each names.
 UNPARSED = ((re.compile(r'Invalid value "(?P<value>.*)" for JAX flag (?P<flag>jax_\w+)'),

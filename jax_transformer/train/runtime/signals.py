@@ -5,7 +5,7 @@ writes is written whole (a temporary file, then a rename), so there is nothing
 to finish. It exits rather than raising, because Python drops an exception
 raised inside a garbage collector callback or a __del__, and the signal would
 be lost. train.py defers the stop to the end of the current step instead
-(jax_transformer.train.interrupts) and reports it with `Interrupted`, which the
+(jax_transformer.train.runtime.interrupts) and reports it with `Interrupted`, which the
 command layer turns into exit code 128 + the signal number.
 """
 

@@ -8,7 +8,7 @@ import hashlib
 import jax
 import numpy as np
 
-from jax_transformer.train import compiling, peers
+from jax_transformer.train.runtime import compiling, peers
 
 
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,

@@ -9,7 +9,7 @@ signal exits at once (`signals.exit_at_once`): the step is abandoned, the newest
 checkpoint on disk is the last one saved (orbax renames a checkpoint into place only
 when it is complete), and a resume drops the metrics past it. On several hosts, all
 processes stop after the same step, without waiting for the devices: process 0
-decides through JAX's coordination service (train.peers).
+decides through JAX's coordination service (train.runtime.peers).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Iterator
 
 import jax
 
-from jax_transformer import signals
-from jax_transformer.train import peers
+from jax_transformer.train.runtime import peers, signals
 
 TIME = "time"  # the stop request of a process past --time-budget's deadline
 PATIENCE = "patience"  # process 0's request once --patience has run out
@@ -58,7 +57,7 @@ class StopRequests:
     def agreed(self, step: int) -> bool:
         """Whether to stop after `step`: this process received a signal, passed the
         deadline or asked to stop early; on several hosts, any process did, and every
-        process gets process 0's answer for this step (train.peers.agree), so all stop
+        process gets process 0's answer for this step (train.runtime.peers.agree), so all stop
         after the same step."""
         request = (signal.Signals(self.signum).name if self.signum is not None else
                    TIME if self.deadline is not None and time.monotonic() >= self.deadline

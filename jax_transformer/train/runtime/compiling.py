@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import jax
 from jax import monitoring
 
-from jax_transformer.train.settings import TrainError, default_compile_cache
+from transformer_core.errors import TrainError
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # XLA compiled a program
 TRACE, LOWER = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration"
@@ -38,12 +38,13 @@ CACHE_HIT = "/jax/compilation_cache/cache_hits"
 
 
 def use_compilation_cache(directory: str | os.PathLike | None,
-                          warn: Callable[[str], None] | None = None) -> Path | None:
+                          warn: Callable[[str], None] | None = None,
+                          default: str | os.PathLike | None = None) -> Path | None:
     """Keep every compiled program (however quick to compile) in `directory`, or
     turn JAX's persistent cache off with None; returns the directory used, or None. A
-    --compile-cache that cannot be made is a TrainError naming the flag; the default
-    (under HOME, XDG_CACHE_HOME or JAX_COMPILATION_CACHE_DIR, which the user may not have
-    chosen) that cannot is no cache, said in one line through `warn`; one that cannot be
+    --compile-cache that cannot be made is a TrainError naming the flag; the flag's
+    `default` (under HOME, XDG_CACHE_HOME or JAX_COMPILATION_CACHE_DIR, which the user may
+    not have chosen) that cannot is no cache, said in one line through `warn`; one that cannot be
     written is used read-only (its programs load, new ones are not kept), said in one
     line."""
     if directory is None:
@@ -52,7 +53,7 @@ def use_compilation_cache(directory: str | os.PathLike | None,
     directory = Path(directory)
     problem = ("is a file, not a directory" if directory.exists() and not directory.is_dir()
                else _cannot_make(directory))
-    if problem is not None and directory == Path(default_compile_cache()):
+    if problem is not None and default is not None and directory == Path(default):
         (warn or _say)(f"warning: the compilation cache {directory} (the default, under "
                        f"{default_cache_source()}) {problem}: every program is compiled afresh "
                        "and none is kept (--compile-cache DIR chooses another directory, "
