@@ -108,7 +108,7 @@ def test_step_one_loss_is_transformers_label_smoothed_loss(finetuned):
     tokenizer = transformers.MarianTokenizer.from_pretrained(src_dir)
     features = [tokenizer(s, text_target=t) for s, t in splits["train"]]
     batch = transformers.DataCollatorForSeq2Seq(tokenizer, model=model, return_tensors="pt")(
-        features)
+        features).to(model.device)  # the model is on the suite's torch device
     pad = model.config.pad_token_id
     assert (batch["decoder_input_ids"][:, 0] == pad).all()  # Marian starts from <pad>
     with torch.no_grad():
