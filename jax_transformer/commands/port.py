@@ -24,17 +24,14 @@ from jax_transformer.port import ctranslate2
 from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
 from jax_transformer.port.hf_export import export_hf_marian
 from jax_transformer.port.marian import convert_hf_marian
+from jax_transformer.port.options import default, fields, flag, types
 from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
-from jax_transformer.port.reading import PortError
-from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
-                                           read_mapping)
-from jax_transformer.port.torch_nn_encoder import (ARCHITECTURES, POSITIONS,
-                                                   TORCH_NN_ENCODER_DEFAULTS,
-                                                   convert_torch_nn_encoder)
+from jax_transformer.port.reading import PortError, read_mapping
+from jax_transformer.port.torch_nn import TorchNNMapping, convert_torch_nn_transformer
+from jax_transformer.port.torch_nn_encoder import TorchNNEncoderMapping, convert_torch_nn_encoder
 
-# The torch.nn sources' mapping fields (flags under the same names, dashed).
-TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
-                  "torch-nn-encoder": TORCH_NN_ENCODER_DEFAULTS}
+# The torch.nn sources' mappings: their fields are the flags (dashed), with help and defaults.
+TORCH_NN_SPECS = {"torch-nn-transformer": TorchNNMapping, "torch-nn-encoder": TorchNNEncoderMapping}
 # --from NAME: the converter, given the parsed flags; it writes OUT and returns the config.
 IMPORTS = {
     "hf-marian": lambda args: convert_hf_marian(args.src, args.out),
@@ -104,39 +101,63 @@ def add_torch_nn_arguments(g) -> None:
     """The torch.nn sources' flags: where their tensors are (the mapping) and what the
     state dict cannot say (heads, activation, norms, positions, special ids)."""
     g.add_argument("--mapping", type=parsing.path, help="JSON file with any of the mapping fields: "
-                   + "; ".join(f"{source}: {', '.join(fields)}"
-                               for source, fields in TORCH_NN_SPECS.items()))
-    g.add_argument("--transformer-prefix", dest="transformer")
-    g.add_argument("--src-embed", help="source embedding module or key (default src_embed)")
-    g.add_argument("--tgt-embed", help="target embedding module or key (default tgt_embed)")
-    g.add_argument("--architecture", choices=ARCHITECTURES,
-                   help="torch-nn-encoder, required: decoder_only when the forward passes a "
-                        "square subsequent mask (a language model), else encoder_only")
-    g.add_argument("--encoder-prefix", dest="encoder",
-                   help="torch-nn-encoder: the nn.TransformerEncoder (found when not given)")
-    g.add_argument("--embed", help="torch-nn-encoder: token embedding (default embedding)")
-    g.add_argument("--positions", choices=POSITIONS,
-                   help="torch-nn-encoder: a stored sinusoid table, checked (default); a "
-                        "learned one, copied; none")
-    g.add_argument("--position-key", help="torch-nn-encoder: the position table's key "
-                                          "(default pos_encoder.pe; '' when not stored)")
-    g.add_argument("--output", help="output nn.Linear (default generator, torch-nn-encoder: "
-                                    "linear); the embedding's name if tied; torch-nn-encoder "
-                                    "encoder_only: '' for none")
-    g.add_argument("--ignore", action="append", help="drop keys with this prefix (repeatable)")
-    g.add_argument("--num-heads", type=int)
-    g.add_argument("--activation", choices=("relu", "gelu", "silu"))
-    g.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--layer-norm-eps", type=float)
-    g.add_argument("--scale-embeddings", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--position-layout", choices=("interleaved", "half_split"),
-                   help="default interleaved; torch-nn-encoder: the layout its table matches")
-    g.add_argument("--max-len", type=int, help="default 512; torch-nn-encoder: the position "
-                                               "table's rows")
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--pad-id", type=int)
-    g.add_argument("--bos-id", type=int)
-    g.add_argument("--eos-id", type=int)
+                   + "; ".join(f"{source}: {', '.join(fields(mapping))}"
+                               for source, mapping in TORCH_NN_SPECS.items()))
+    add_option_flags(g, TORCH_NN_SPECS)
+
+
+def add_option_flags(g, formats: dict[str, type]) -> None:
+    """One flag for each field of the formats' options dataclasses (a field several of
+    them take is one flag), in an order that keeps each one's, with None as the default:
+    a flag not given leaves the field to the format."""
+    for name in merged_order([list(fields(options)) for options in formats.values()]):
+        taking = {source: options for source, options in formats.items()
+                  if name in fields(options)}
+        options = next(iter(taking.values()))
+        parsing.add_field_flag(g, fields(options)[name], types(options)[name],
+                               help=option_help(name, taking, len(taking) < len(formats)))
+
+
+def option_help(name: str, taking: dict[str, type], some: bool) -> str:
+    """The field's help, after the formats that take it when only `some` do, and then
+    each one's default: "(default: X)", or "(default: X; FORMAT: Y)" where they differ."""
+    first = fields(next(iter(taking.values())))[name]
+    text = f"{', '.join(taking)}: {first.metadata['help']}" if some else first.metadata["help"]
+    said = {source: default_text(fields(options)[name]) for source, options in taking.items()}
+    if len(set(said.values())) == 1:
+        return text if first_value(said) is None else f"{text} (default: {first_value(said)})"
+    parts = [value if i == 0 else f"{source}: {value}"
+             for i, (source, value) in enumerate(said.items()) if value is not None]
+    return f"{text} (default: {'; '.join(parts)})"
+
+
+def first_value(said: dict):
+    return next(iter(said.values()))
+
+
+def default_text(field) -> str | None:
+    """How --help says a field's default: None (unsaid) for None without an "unset"
+    meaning, and for an empty list."""
+    value = default(field)
+    if value is None:
+        return field.metadata.get("unset")
+    if value == []:
+        return None
+    return "''" if value == "" else str(value)
+
+
+def merged_order(orders: list[list[str]]) -> list[str]:
+    """Every name in `orders`, once, in an order that keeps each list's (where they
+    cannot all be kept, the first's)."""
+    orders, merged = [list(order) for order in orders], []
+    while any(orders):
+        heads = [order[0] for order in orders if order]
+        name = next((h for h in heads if not any(h in order[1:] for order in orders)), heads[0])
+        merged.append(name)
+        for order in orders:
+            if name in order:
+                order.remove(name)
+    return merged
 
 
 def convert(argv: list[str] | None = None) -> int:
@@ -153,15 +174,15 @@ def convert(argv: list[str] | None = None) -> int:
 def torch_nn_spec(args: argparse.Namespace) -> dict:
     """--mapping's fields, overridden by flags; a flag of the other torch.nn source is
     an error rather than ignored."""
-    fields = TORCH_NN_SPECS[args.source]
-    for other, other_fields in TORCH_NN_SPECS.items():
-        given = [f for f in other_fields if f not in fields and getattr(args, f) is not None]
+    fields_here = fields(TORCH_NN_SPECS[args.source])
+    for other, other_mapping in TORCH_NN_SPECS.items():
+        given = [field for name, field in fields(other_mapping).items()
+                 if name not in fields_here and getattr(args, name) is not None]
         if other != args.source and given:
-            flags = {"transformer": "transformer-prefix", "encoder": "encoder-prefix"}
-            raise PortError(", ".join("--" + flags.get(f, f).replace("_", "-") for f in given)
+            raise PortError(", ".join(flag(field) for field in given)
                             + f" belong(s) to --from {other}, not --from {args.source}")
     spec = read_mapping(args.mapping) if args.mapping else {}
-    for name in fields:
+    for name in fields_here:
         if getattr(args, name, None) is not None:
             spec[name] = getattr(args, name)
     return spec

@@ -9,6 +9,7 @@ tensors out of a `TensorConsumer`, which names every tensor nobody asked for.
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any, Mapping
@@ -119,6 +120,17 @@ def first_sentence(error: Exception) -> str:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object, or a PortError naming the file."""
     return text.read_json_object(path, PortError)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """A --mapping JSON file: an object with any of a format's option fields."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise PortError(f"--mapping {path} is not valid JSON: {e}") from e
+    if not isinstance(spec, dict):
+        raise PortError(f"--mapping {path} must hold a JSON object")
+    return spec
 
 
 def torch_to_numpy(tensor) -> np.ndarray:
