@@ -20,42 +20,9 @@ import sys
 from pathlib import Path
 
 from jax_transformer.commands import exit_codes, parsing
-from jax_transformer.port import ctranslate2
-from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
-from jax_transformer.port.hf_export import export_hf_marian
-from jax_transformer.port.marian import convert_hf_marian
-from jax_transformer.port.options import default, fields, flag, types
-from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
+from jax_transformer.port.formats import EXPORTS, IMPORTS, OPTION_GROUPS, group_of
+from jax_transformer.port.options import Format, OptionGroup, default, fields, flag, types
 from jax_transformer.port.reading import PortError, read_mapping
-from jax_transformer.port.torch_nn import TorchNNMapping, convert_torch_nn_transformer
-from jax_transformer.port.torch_nn_encoder import TorchNNEncoderMapping, convert_torch_nn_encoder
-
-# The torch.nn sources' mappings: their fields are the flags (dashed), with help and defaults.
-TORCH_NN_SPECS = {"torch-nn-transformer": TorchNNMapping, "torch-nn-encoder": TorchNNEncoderMapping}
-# --from NAME: the converter, given the parsed flags; it writes OUT and returns the config.
-IMPORTS = {
-    "hf-marian": lambda args: convert_hf_marian(args.src, args.out),
-    "hf-fsmt": lambda args: convert_hf_fsmt(args.src, args.out),
-    "hf-m2m100": lambda args: convert_hf_m2m100(args.src, args.out),
-    "torch-nn-transformer": lambda args: convert_torch_nn_transformer(args.src, args.out,
-                                                                      torch_nn_spec(args)),
-    "torch-nn-encoder": lambda args: convert_torch_nn_encoder(args.src, args.out,
-                                                              torch_nn_spec(args)),
-    "torch-reference": lambda args: convert_torch_reference(args.src, args.out, args.config,
-                                                            args.tokenizer),
-    "jax-orbax": lambda args: convert_jax_orbax(args.src, args.out, args.step, args.tokenizer),
-}
-# --to NAME: the exporter, given our checkpoint directory and OUT; returns what it wrote.
-def to_marian(src: str, out: str) -> str:
-    config, tokenizer = export_hf_marian(src, out)
-    return f"(Marian, tokenizer {tokenizer}): {config}"
-
-
-def to_ctranslate2(src: str, out: str) -> str:
-    return f"(CTranslate2, tokenizer copied): {ctranslate2.export_ctranslate2(src, out)}"
-
-
-EXPORTS = {"hf-marian": to_marian, ctranslate2.TARGET: to_ctranslate2}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,25 +52,20 @@ def build_parser() -> argparse.ArgumentParser:
                              "state dict; jax-orbax: the checkpoints directory; "
                              "--to: our checkpoint directory")
     parser.add_argument("out", type=parsing.path, help="output directory")
-    g = parser.add_argument_group("torch-reference / jax-orbax")
-    g.add_argument("--config", type=parsing.path,
-                   help="torch-reference: our config.json for the state dict")
-    g.add_argument("--tokenizer", type=parsing.path,
-                   help="a SentencePiece model to copy as tokenizer.model")
-    g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
-    add_torch_nn_arguments(parser.add_argument_group(
-        "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
-        "torch.nn and the PyTorch translation / language-modelling tutorials)"))
+    for group in OPTION_GROUPS:
+        add_option_group(parser.add_argument_group(group.title), group)
     return parser
 
 
-def add_torch_nn_arguments(g) -> None:
-    """The torch.nn sources' flags: where their tensors are (the mapping) and what the
-    state dict cannot say (heads, activation, norms, positions, special ids)."""
-    g.add_argument("--mapping", type=parsing.path, help="JSON file with any of the mapping fields: "
-                   + "; ".join(f"{source}: {', '.join(fields(mapping))}"
-                               for source, mapping in TORCH_NN_SPECS.items()))
-    add_option_flags(g, TORCH_NN_SPECS)
+def add_option_group(g, group: OptionGroup) -> None:
+    """A group's flags: --mapping, when its formats read one, and their options."""
+    formats = {f.name: f.options for f in group.formats if f.options is not None}
+    if group.mapping:
+        g.add_argument("--mapping", type=parsing.path,
+                       help="JSON file with any of the mapping fields: "
+                            + "; ".join(f"{name}: {', '.join(fields(options))}"
+                                        for name, options in formats.items()))
+    add_option_flags(g, formats)
 
 
 def add_option_flags(g, formats: dict[str, type]) -> None:
@@ -120,19 +82,16 @@ def add_option_flags(g, formats: dict[str, type]) -> None:
 
 def option_help(name: str, taking: dict[str, type], some: bool) -> str:
     """The field's help, after the formats that take it when only `some` do, and then
-    each one's default: "(default: X)", or "(default: X; FORMAT: Y)" where they differ."""
+    their default: "(default: X)", or "(default: X; FORMAT: Y)" where they differ."""
     first = fields(next(iter(taking.values())))[name]
     text = f"{', '.join(taking)}: {first.metadata['help']}" if some else first.metadata["help"]
     said = {source: default_text(fields(options)[name]) for source, options in taking.items()}
-    if len(set(said.values())) == 1:
-        return text if first_value(said) is None else f"{text} (default: {first_value(said)})"
+    values = list(said.values())
+    if values.count(values[0]) == len(values):  # one default
+        return text if values[0] is None else f"{text} (default: {values[0]})"
     parts = [value if i == 0 else f"{source}: {value}"
              for i, (source, value) in enumerate(said.items()) if value is not None]
     return f"{text} (default: {'; '.join(parts)})"
-
-
-def first_value(said: dict):
-    return next(iter(said.values()))
 
 
 def default_text(field) -> str | None:
@@ -165,27 +124,31 @@ def convert(argv: list[str] | None = None) -> int:
     if Path(args.out).resolve() == Path(args.src).resolve():  # the output replaces OUT whole
         raise PortError(f"the output directory {args.out} is the source: choose another")
     if args.target is not None:
-        print(f"wrote {args.out} {EXPORTS[args.target](args.src, args.out)}")
+        print(f"wrote {args.out} {EXPORTS[args.target].convert(args.src, args.out, {})}")
     else:
-        print(f"wrote {args.out}: {IMPORTS[args.source](args)}")
+        source = IMPORTS[args.source]
+        print(f"wrote {args.out}: {source.convert(args.src, args.out, given(args, source))}")
     return 0
 
 
-def torch_nn_spec(args: argparse.Namespace) -> dict:
-    """--mapping's fields, overridden by flags; a flag of the other torch.nn source is
-    an error rather than ignored."""
-    fields_here = fields(TORCH_NN_SPECS[args.source])
-    for other, other_mapping in TORCH_NN_SPECS.items():
-        given = [field for name, field in fields(other_mapping).items()
-                 if name not in fields_here and getattr(args, name) is not None]
-        if other != args.source and given:
-            raise PortError(", ".join(flag(field) for field in given)
-                            + f" belong(s) to --from {other}, not --from {args.source}")
-    spec = read_mapping(args.mapping) if args.mapping else {}
-    for name in fields_here:
+def given(args: argparse.Namespace, source: Format) -> dict:
+    """The options of `source` given as flags, over its --mapping file's fields when its
+    group reads one; in an exclusive group, a flag that only another format of the
+    group takes is an error rather than ignored."""
+    if source.options is None:
+        return {}
+    group, here = group_of(source), fields(source.options)
+    for other in group.formats if group and group.exclusive else ():
+        flags = [field for name, field in fields(other.options).items()
+                 if name not in here and getattr(args, name) is not None]
+        if other is not source and flags:
+            raise PortError(", ".join(flag(field) for field in flags)
+                            + f" belong(s) to --from {other.name}, not --from {source.name}")
+    options = read_mapping(args.mapping) if group and group.mapping and args.mapping else {}
+    for name in here:
         if getattr(args, name, None) is not None:
-            spec[name] = getattr(args, name)
-    return spec
+            options[name] = getattr(args, name)
+    return options
 
 
 if __name__ == "__main__":

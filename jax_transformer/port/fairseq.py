@@ -29,6 +29,7 @@ import numpy as np
 from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
 from jax_transformer.port.fairseq_tokens import (fsmt_tokenizer, m2m100_tokenizer,
                                                  write_fsmt_tokenizer, write_m2m100_tokenizer)
+from jax_transformer.port.options import Format
 from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
                                           check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
@@ -232,3 +233,7 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors, read_toke
             except TokenizerError as e:
                 raise PortError(f"{src_dir}'s tokenizer: {e}") from None
     return config
+
+
+FSMT_FORMAT = Format("hf-fsmt", lambda src, out, options: convert_hf_fsmt(src, out))
+M2M100_FORMAT = Format("hf-m2m100", lambda src, out, options: convert_hf_m2m100(src, out))

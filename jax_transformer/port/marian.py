@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
+from jax_transformer.port.options import Format
 from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
                                           check_field_types, read_hf_weights, read_json_object)
 from transformer_core import checkpoint_dir
@@ -184,3 +185,5 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
             MarianTokenizer(tmp).check_fits(config)
     return config
 
+
+FORMAT = Format("hf-marian", lambda src, out, options: convert_hf_marian(src, out))

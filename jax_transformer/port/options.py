@@ -1,6 +1,9 @@
-"""A converter's options as a dataclass whose fields are jaxformer-port's flags, each
-with its help and default written once.
+"""What a converter module declares about itself: its format (the NAME of --from / --to
+NAME, and the function that converts), and its options as a dataclass whose fields
+are jaxformer-port's flags, each with its help and default written once.
 
+    Format        name, convert(src, out, options), options (a dataclass or None)
+    OptionGroup   formats whose flags --help shows together; a --mapping file; exclusive
     option(...)   an options field: default, help, argparse options (train.settings' keys)
     like(cls, n)  the field `n` of another options dataclass, perhaps with another default
     defaults(cls), types(cls), flag(field)   what the converters and the command read
@@ -17,9 +20,31 @@ from __future__ import annotations
 import dataclasses
 import types as builtin_types
 import typing
-from typing import Any
+from typing import Any, Callable, Mapping
 
+# convert(SRC, OUT, options) -> what jaxformer-port prints after "wrote OUT" (the config
+# of an import). `options` holds the format's flags that were given, by field name.
+Converter = Callable[[str, str, Mapping[str, Any]], Any]
 KEEP = object()  # like(): the field's own default
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One NAME of jaxformer-port --from NAME or --to NAME."""
+    name: str
+    convert: Converter
+    options: type | None = None  # a dataclass of option() fields: this format's flags
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionGroup:
+    """Formats whose flags --help shows under `title`. `mapping`: they also read a
+    --mapping JSON file, whose fields the flags override. `exclusive`: a flag that only
+    another format of the group takes is an error, not ignored."""
+    title: str
+    formats: tuple[Format, ...]
+    mapping: bool = False
+    exclusive: bool = False
 
 
 def option(default: Any = None, help: str = "", *, flag: str | None = None,

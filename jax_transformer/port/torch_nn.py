@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jax_transformer.port.options import defaults, option, types
+from jax_transformer.port.options import Format, defaults, option, types
 from jax_transformer.port.reading import (PortError, TensorConsumer, check_field_types,
                                           read_weights)
 from transformer_core import checkpoint_dir
@@ -141,6 +141,8 @@ def convert_torch_nn_transformer(src: str | Path, out_dir: str | Path,
         checkpoint_dir.save_dir(tmp, config, tensors)
     return config
 
+
+FORMAT = Format(SOURCE, convert_torch_nn_transformer, TorchNNMapping)
 
 
 # ------------------------------------------------------------------ shared with torch_nn_encoder.py

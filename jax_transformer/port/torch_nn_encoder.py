@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jax_transformer.port.fairseq import POSITION_TOLERANCE_PER_ROW
-from jax_transformer.port.options import defaults, like, option
+from jax_transformer.port.options import Format, defaults, like, option
 from jax_transformer.port.reading import PortError, TensorConsumer, read_weights
 from jax_transformer.port.torch_nn import (LayerCopier, TorchNNMapping, count_layers,
                                            find_prefix, merge_spec, strip)
@@ -263,3 +263,5 @@ def convert_torch_nn_encoder(src: str | Path, out_dir: str | Path,
         checkpoint_dir.save_dir(tmp, config, tensors)
     return config
 
+
+FORMAT = Format(SOURCE, convert_torch_nn_encoder, TorchNNEncoderMapping)
