@@ -4,8 +4,10 @@ into Hugging Face Marian and CTranslate2.
     formats.py           the registry: IMPORTS (--from NAME), EXPORTS (--to NAME), OPTION_GROUPS
     options.py           what a converter module declares: its Format, its options' fields
     reading.py           safetensors, torch pickles (weights_only), JSON; TensorConsumer, PortError
+    bart_config.py       the config.json of BART's family, which the next two read
     marian.py            Hugging Face Marian / opus-mt
     fairseq.py           Hugging Face FSMT (fairseq WMT19) and M2M100 (also NLLB dense)
+    fairseq_tokens.py    their tokenizers (FSMT, M2M100, NLLB), converted
     torch_nn.py          models wrapping torch.nn.Transformer
     torch_nn_encoder.py  models built on torch.nn.TransformerEncoder (language models)
     ours.py              torch_reference state dicts and train.py's orbax checkpoints

@@ -20,24 +20,6 @@ from transformer_core import text
 from transformer_core.config import type_problem
 from transformer_core.errors import InputError, listing
 
-# The config.json fields the Hugging Face importers read (Marian, FSMT and M2M100 use
-# BART's names), with the types transformers gives them.
-HF_CONFIG_TYPES: dict[str, Any] = {
-    "model_type": str, "architectures": list[str], "activation_function": str,
-    "d_model": int, "encoder_layers": int, "decoder_layers": int,
-    "encoder_attention_heads": int, "decoder_attention_heads": int, "encoder_ffn_dim": int,
-    "decoder_ffn_dim": int, "max_position_embeddings": int, "vocab_size": int,
-    "decoder_vocab_size": int, "src_vocab_size": int, "tgt_vocab_size": int,
-    "dropout": float, "attention_dropout": float, "activation_dropout": float,
-    "encoder_layerdrop": float, "decoder_layerdrop": float, "layer_norm_eps": float,
-    "pad_token_id": int, "eos_token_id": int | list[int], "decoder_start_token_id": int,
-    "scale_embedding": bool, "tie_word_embeddings": bool,
-    "share_encoder_decoder_embeddings": bool, "normalize_before": bool,
-    "normalize_embedding": bool, "add_final_layer_norm": bool, "add_bias_logits": bool,
-    "static_position_embeddings": bool,
-}
-
-
 class PortError(InputError):
     """The source checkpoint cannot be converted faithfully; the message says why."""
 
