@@ -7,12 +7,17 @@ which slips past checks that look for a flag by its name.
 
     ArgumentParser        argparse's, made so; OneLineErrors makes another parser class so
     path(text)            type= for a flag that names a file or directory: refuses ""
+    add_field_flag        the flag of a settings dataclass field, from the field's metadata
     add_sampling_flags    --temperature, --top-k, --top-p, --seed; sampling_from(args) reads them
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
 
 from transformer_core.generation import Sampling
 
@@ -40,6 +45,30 @@ def path(text: str) -> str:
     if not text:
         raise argparse.ArgumentTypeError(EMPTY_PATH)
     return text
+
+
+def add_field_flag(p, field: dataclasses.Field, annotation: Any, *, help: str | None = None,
+                   default: Any = None) -> None:
+    """The flag of a settings dataclass field declared with its help and argparse options
+    in its metadata (train.settings.setting, port.options.option): --NAME, or the
+    field's own "flag", setting `field.name`; `help` when given, else the field's; the
+    type from `annotation`, None left out: a bool has a --no- form, a list is repeatable,
+    a "path" field refuses "" (path); then the field's "custom_args" (choices, metavar)."""
+    options = dict(field.metadata.get("custom_args", {}))
+    options.pop("negative_prefix", None)  # simple_parsing's; BooleanOptionalAction's below
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if annotation is bool:
+        options.setdefault("action", argparse.BooleanOptionalAction)
+    elif typing.get_origin(annotation) is list:
+        options.setdefault("action", "append")
+    elif field.metadata.get("path"):
+        options["type"] = path
+    elif annotation in (int, float, str):
+        options["type"] = annotation
+    name = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+    p.add_argument(name, dest=field.name, default=default,
+                   help=field.metadata["help"] if help is None else help, **options)
 
 
 SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")

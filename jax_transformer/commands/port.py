@@ -20,45 +20,9 @@ import sys
 from pathlib import Path
 
 from jax_transformer.commands import exit_codes, parsing
-from jax_transformer.port import ctranslate2
-from jax_transformer.port.fairseq import convert_hf_fsmt, convert_hf_m2m100
-from jax_transformer.port.hf_export import export_hf_marian
-from jax_transformer.port.marian import convert_hf_marian
-from jax_transformer.port.ours import convert_jax_orbax, convert_torch_reference
-from jax_transformer.port.reading import PortError
-from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, convert_torch_nn_transformer,
-                                           read_mapping)
-from jax_transformer.port.torch_nn_encoder import (ARCHITECTURES, POSITIONS,
-                                                   TORCH_NN_ENCODER_DEFAULTS,
-                                                   convert_torch_nn_encoder)
-
-# The torch.nn sources' mapping fields (flags under the same names, dashed).
-TORCH_NN_SPECS = {"torch-nn-transformer": TORCH_NN_DEFAULTS,
-                  "torch-nn-encoder": TORCH_NN_ENCODER_DEFAULTS}
-# --from NAME: the converter, given the parsed flags; it writes OUT and returns the config.
-IMPORTS = {
-    "hf-marian": lambda args: convert_hf_marian(args.src, args.out),
-    "hf-fsmt": lambda args: convert_hf_fsmt(args.src, args.out),
-    "hf-m2m100": lambda args: convert_hf_m2m100(args.src, args.out),
-    "torch-nn-transformer": lambda args: convert_torch_nn_transformer(args.src, args.out,
-                                                                      torch_nn_spec(args)),
-    "torch-nn-encoder": lambda args: convert_torch_nn_encoder(args.src, args.out,
-                                                              torch_nn_spec(args)),
-    "torch-reference": lambda args: convert_torch_reference(args.src, args.out, args.config,
-                                                            args.tokenizer),
-    "jax-orbax": lambda args: convert_jax_orbax(args.src, args.out, args.step, args.tokenizer),
-}
-# --to NAME: the exporter, given our checkpoint directory and OUT; returns what it wrote.
-def to_marian(src: str, out: str) -> str:
-    config, tokenizer = export_hf_marian(src, out)
-    return f"(Marian, tokenizer {tokenizer}): {config}"
-
-
-def to_ctranslate2(src: str, out: str) -> str:
-    return f"(CTranslate2, tokenizer copied): {ctranslate2.export_ctranslate2(src, out)}"
-
-
-EXPORTS = {"hf-marian": to_marian, ctranslate2.TARGET: to_ctranslate2}
+from jax_transformer.port.formats import EXPORTS, IMPORTS, OPTION_GROUPS, group_of
+from jax_transformer.port.options import Format, OptionGroup, default, fields, flag, types
+from jax_transformer.port.reading import PortError, read_mapping
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,55 +52,71 @@ def build_parser() -> argparse.ArgumentParser:
                              "state dict; jax-orbax: the checkpoints directory; "
                              "--to: our checkpoint directory")
     parser.add_argument("out", type=parsing.path, help="output directory")
-    g = parser.add_argument_group("torch-reference / jax-orbax")
-    g.add_argument("--config", type=parsing.path,
-                   help="torch-reference: our config.json for the state dict")
-    g.add_argument("--tokenizer", type=parsing.path,
-                   help="a SentencePiece model to copy as tokenizer.model")
-    g.add_argument("--step", type=int, help="jax-orbax: the step to restore (default: latest)")
-    add_torch_nn_arguments(parser.add_argument_group(
-        "torch-nn-transformer and torch-nn-encoder (flags override --mapping; defaults follow "
-        "torch.nn and the PyTorch translation / language-modelling tutorials)"))
+    for group in OPTION_GROUPS:
+        add_option_group(parser.add_argument_group(group.title), group)
     return parser
 
 
-def add_torch_nn_arguments(g) -> None:
-    """The torch.nn sources' flags: where their tensors are (the mapping) and what the
-    state dict cannot say (heads, activation, norms, positions, special ids)."""
-    g.add_argument("--mapping", type=parsing.path, help="JSON file with any of the mapping fields: "
-                   + "; ".join(f"{source}: {', '.join(fields)}"
-                               for source, fields in TORCH_NN_SPECS.items()))
-    g.add_argument("--transformer-prefix", dest="transformer")
-    g.add_argument("--src-embed", help="source embedding module or key (default src_embed)")
-    g.add_argument("--tgt-embed", help="target embedding module or key (default tgt_embed)")
-    g.add_argument("--architecture", choices=ARCHITECTURES,
-                   help="torch-nn-encoder, required: decoder_only when the forward passes a "
-                        "square subsequent mask (a language model), else encoder_only")
-    g.add_argument("--encoder-prefix", dest="encoder",
-                   help="torch-nn-encoder: the nn.TransformerEncoder (found when not given)")
-    g.add_argument("--embed", help="torch-nn-encoder: token embedding (default embedding)")
-    g.add_argument("--positions", choices=POSITIONS,
-                   help="torch-nn-encoder: a stored sinusoid table, checked (default); a "
-                        "learned one, copied; none")
-    g.add_argument("--position-key", help="torch-nn-encoder: the position table's key "
-                                          "(default pos_encoder.pe; '' when not stored)")
-    g.add_argument("--output", help="output nn.Linear (default generator, torch-nn-encoder: "
-                                    "linear); the embedding's name if tied; torch-nn-encoder "
-                                    "encoder_only: '' for none")
-    g.add_argument("--ignore", action="append", help="drop keys with this prefix (repeatable)")
-    g.add_argument("--num-heads", type=int)
-    g.add_argument("--activation", choices=("relu", "gelu", "silu"))
-    g.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--layer-norm-eps", type=float)
-    g.add_argument("--scale-embeddings", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--position-layout", choices=("interleaved", "half_split"),
-                   help="default interleaved; torch-nn-encoder: the layout its table matches")
-    g.add_argument("--max-len", type=int, help="default 512; torch-nn-encoder: the position "
-                                               "table's rows")
-    g.add_argument("--dropout", type=float)
-    g.add_argument("--pad-id", type=int)
-    g.add_argument("--bos-id", type=int)
-    g.add_argument("--eos-id", type=int)
+def add_option_group(g, group: OptionGroup) -> None:
+    """A group's flags: --mapping, when its formats read one, and their options."""
+    formats = {f.name: f.options for f in group.formats if f.options is not None}
+    if group.mapping:
+        g.add_argument("--mapping", type=parsing.path,
+                       help="JSON file with any of the mapping fields: "
+                            + "; ".join(f"{name}: {', '.join(fields(options))}"
+                                        for name, options in formats.items()))
+    add_option_flags(g, formats)
+
+
+def add_option_flags(g, formats: dict[str, type]) -> None:
+    """One flag for each field of the formats' options dataclasses (a field several of
+    them take is one flag), in an order that keeps each one's, with None as the default:
+    a flag not given leaves the field to the format."""
+    for name in merged_order([list(fields(options)) for options in formats.values()]):
+        taking = {source: options for source, options in formats.items()
+                  if name in fields(options)}
+        options = next(iter(taking.values()))
+        parsing.add_field_flag(g, fields(options)[name], types(options)[name],
+                               help=option_help(name, taking, len(taking) < len(formats)))
+
+
+def option_help(name: str, taking: dict[str, type], some: bool) -> str:
+    """The field's help, after the formats that take it when only `some` do, and then
+    their default: "(default: X)", or "(default: X; FORMAT: Y)" where they differ."""
+    first = fields(next(iter(taking.values())))[name]
+    text = f"{', '.join(taking)}: {first.metadata['help']}" if some else first.metadata["help"]
+    said = {source: default_text(fields(options)[name]) for source, options in taking.items()}
+    values = list(said.values())
+    if values.count(values[0]) == len(values):  # one default
+        return text if values[0] is None else f"{text} (default: {values[0]})"
+    parts = [value if i == 0 else f"{source}: {value}"
+             for i, (source, value) in enumerate(said.items()) if value is not None]
+    return f"{text} (default: {'; '.join(parts)})"
+
+
+def default_text(field) -> str | None:
+    """How --help says a field's default: None (unsaid) for None without an "unset"
+    meaning, and for an empty list."""
+    value = default(field)
+    if value is None:
+        return field.metadata.get("unset")
+    if value == []:
+        return None
+    return "''" if value == "" else str(value)
+
+
+def merged_order(orders: list[list[str]]) -> list[str]:
+    """Every name in `orders`, once, in an order that keeps each list's (where they
+    cannot all be kept, the first's)."""
+    orders, merged = [list(order) for order in orders], []
+    while any(orders):
+        heads = [order[0] for order in orders if order]
+        name = next((h for h in heads if not any(h in order[1:] for order in orders)), heads[0])
+        merged.append(name)
+        for order in orders:
+            if name in order:
+                order.remove(name)
+    return merged
 
 
 def convert(argv: list[str] | None = None) -> int:
@@ -144,27 +124,31 @@ def convert(argv: list[str] | None = None) -> int:
     if Path(args.out).resolve() == Path(args.src).resolve():  # the output replaces OUT whole
         raise PortError(f"the output directory {args.out} is the source: choose another")
     if args.target is not None:
-        print(f"wrote {args.out} {EXPORTS[args.target](args.src, args.out)}")
+        print(f"wrote {args.out} {EXPORTS[args.target].convert(args.src, args.out, {})}")
     else:
-        print(f"wrote {args.out}: {IMPORTS[args.source](args)}")
+        source = IMPORTS[args.source]
+        print(f"wrote {args.out}: {source.convert(args.src, args.out, given(args, source))}")
     return 0
 
 
-def torch_nn_spec(args: argparse.Namespace) -> dict:
-    """--mapping's fields, overridden by flags; a flag of the other torch.nn source is
-    an error rather than ignored."""
-    fields = TORCH_NN_SPECS[args.source]
-    for other, other_fields in TORCH_NN_SPECS.items():
-        given = [f for f in other_fields if f not in fields and getattr(args, f) is not None]
-        if other != args.source and given:
-            flags = {"transformer": "transformer-prefix", "encoder": "encoder-prefix"}
-            raise PortError(", ".join("--" + flags.get(f, f).replace("_", "-") for f in given)
-                            + f" belong(s) to --from {other}, not --from {args.source}")
-    spec = read_mapping(args.mapping) if args.mapping else {}
-    for name in fields:
+def given(args: argparse.Namespace, source: Format) -> dict:
+    """The options of `source` given as flags, over its --mapping file's fields when its
+    group reads one; in an exclusive group, a flag that only another format of the
+    group takes is an error rather than ignored."""
+    if source.options is None:
+        return {}
+    group, here = group_of(source), fields(source.options)
+    for other in group.formats if group and group.exclusive else ():
+        flags = [field for name, field in fields(other.options).items()
+                 if name not in here and getattr(args, name) is not None]
+        if other is not source and flags:
+            raise PortError(", ".join(flag(field) for field in flags)
+                            + f" belong(s) to --from {other.name}, not --from {source.name}")
+    options = read_mapping(args.mapping) if group and group.mapping and args.mapping else {}
+    for name in here:
         if getattr(args, name, None) is not None:
-            spec[name] = getattr(args, name)
-    return spec
+            options[name] = getattr(args, name)
+    return options
 
 
 if __name__ == "__main__":

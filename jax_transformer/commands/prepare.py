@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Sequence
+from typing import Sequence, get_type_hints
 
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepare import Encoding, key, prepare, stopped_preparing
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train.corpus import corpus
 from jax_transformer.train.runtime import signals
-from jax_transformer.train.settings import MAX_SEED, PREPARED_FIELDS, DataSettings, flag
+from jax_transformer.train.settings import MAX_SEED, PREPARED_FIELDS, DataSettings
 from transformer_core.errors import InputError, TrainError
 from transformer_core.tokenizer import TokenizerError
 
@@ -43,13 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes that encode (default: the cores this process may use)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     fields = {f.name: f for f in dataclasses.fields(DataSettings)}
+    types = get_type_hints(DataSettings)
     for name in PREPARED_FIELDS:
-        field = fields[name]
-        options = dict(field.metadata["custom_args"])
-        p.add_argument(flag(name), default=field.default, help=field.metadata["help"],
-                       type=int if isinstance(field.default, int) else str,
-                       metavar=options.pop("metavar", None) or (
-                           None if "choices" in options else name.upper()), **options)
+        parsing.add_field_flag(p, fields[name], types[name], default=fields[name].default)
     return p
 
 

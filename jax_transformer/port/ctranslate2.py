@@ -38,9 +38,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 
+from jax_transformer.port.options import Format
 from jax_transformer.port.reading import PortError
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
@@ -183,6 +185,14 @@ def export_ctranslate2(src_dir: str | os.PathLike,
         spec.optimize()  # equal tensors (a tied or shared table) stored once; no quantization
         spec.save(str(tmp))
     return config
+
+
+def to_ctranslate2(src_dir: str, out_dir: str, options: Mapping[str, Any]) -> str:
+    """--to ctranslate2: what was written, for jaxformer-port's "wrote OUT ..." line."""
+    return f"(CTranslate2, tokenizer copied): {export_ctranslate2(src_dir, out_dir)}"
+
+
+FORMAT = Format(TARGET, to_ctranslate2)
 
 
 def _position_table(config: TransformerConfig, tensors: dict[str, np.ndarray],

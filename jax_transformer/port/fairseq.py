@@ -19,20 +19,21 @@ when the directory has them, and checked to load and fit the model.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-# transformers' activation names and BART's layer names are Marian's.
-from jax_transformer.port.marian import MARIAN_ACTIVATIONS as ACTIVATIONS, marian_layer_modules
+from jax_transformer.port.bart_config import BartConfig
+# BART's layer names are Marian's.
+from jax_transformer.port.marian import marian_layer_modules
 from jax_transformer.port.fairseq_tokens import (fsmt_tokenizer, m2m100_tokenizer,
                                                  write_fsmt_tokenizer, write_m2m100_tokenizer)
-from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
-                                          check_field_types, read_hf_weights, read_json_object)
+from jax_transformer.port.options import Format
+from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
+                                          read_json_object)
 from transformer_core import checkpoint_dir
-from transformer_core.config import ConfigError, TransformerConfig
+from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 from transformer_core.tokenizer import TokenizerError
 
@@ -46,14 +47,13 @@ POSITION_TOLERANCE_PER_ROW = 2.0 ** -22
 def fsmt_config(hf: Mapping[str, Any], source: str = "FSMT config") -> TransformerConfig:
     """Map a Hugging Face FSMTConfig (config.json as a dict, read from `source`) to ours,
     or raise PortError."""
-    check_field_types(hf, HF_CONFIG_TYPES, source)
-    get, require = _reader(hf, "FSMT")
-    tie = bool(get("tie_word_embeddings", False))
-    src, tgt = get("src_vocab_size", 42024), get("tgt_vocab_size", 42024)
+    bart = BartConfig(hf, "FSMT", source)
+    tie = bool(bart.get("tie_word_embeddings", False))
+    src, tgt = bart.get("src_vocab_size", 42024), bart.get("tgt_vocab_size", 42024)
     # tie_word_embeddings ties the encoder's table and the output projection to the decoder's.
-    require(not tie or src == tgt,
-            f"tie_word_embeddings with src_vocab_size {src} != tgt_vocab_size {tgt}")
-    return _config(hf, "FSMT", "fsmt", ("FSMTForConditionalGeneration", "FSMTModel"),
+    bart.require(not tie or src == tgt,
+                 f"tie_word_embeddings with src_vocab_size {src} != tgt_vocab_size {tgt}")
+    return _config(bart, "fsmt", ("FSMTForConditionalGeneration", "FSMTModel"),
                    src_vocab_size=src, tgt_vocab_size=tgt, pre_norm=False, final_norm=False,
                    share_embeddings=tie, tie_output=tie)
 
@@ -61,68 +61,28 @@ def fsmt_config(hf: Mapping[str, Any], source: str = "FSMT config") -> Transform
 def m2m100_config(hf: Mapping[str, Any], source: str = "M2M100 config") -> TransformerConfig:
     """Map a Hugging Face M2M100Config (M2M100, NLLB dense; config.json as a dict, read
     from `source`) to ours, or raise PortError."""
-    check_field_types(hf, HF_CONFIG_TYPES, source)
-    get, _ = _reader(hf, "M2M100")
-    tie = bool(get("tie_word_embeddings", True))
-    vocab = get("vocab_size", 128112)
+    bart = BartConfig(hf, "M2M100", source)
+    tie = bool(bart.get("tie_word_embeddings", True))
+    vocab = bart.get("vocab_size", 128112)
     # Untied, M2M100 has separate encoder/decoder tables (`shared` unused) and lm_head.
-    return _config(hf, "M2M100", "m2m_100",
-                   ("M2M100ForConditionalGeneration", "M2M100Model"),
+    return _config(bart, "m2m_100", ("M2M100ForConditionalGeneration", "M2M100Model"),
                    src_vocab_size=vocab, tgt_vocab_size=vocab, pre_norm=True, final_norm=True,
                    share_embeddings=tie, tie_output=tie)
 
 
-def _reader(hf: Mapping[str, Any], family: str) -> tuple[Callable, Callable]:
-    def get(name, default=None):
-        value = hf.get(name, default)
-        return default if value is None else value
-
-    def require(condition, message):
-        if not condition:
-            raise PortError(f"unsupported {family} config: {message}")
-    return get, require
-
-
-def _config(hf, family: str, model_type: str, architectures: tuple[str, ...],
+def _config(bart: BartConfig, model_type: str, architectures: tuple[str, ...],
             **fields) -> TransformerConfig:
-    """What FSMT and M2M100 share; defaults are transformers' (both classes agree)."""
-    get, require = _reader(hf, family)
-    require(get("model_type") == model_type,
-            f"model_type is {hf.get('model_type')!r}, not {model_type!r}")
-    archs = get("architectures", [])
-    require(all(a in architectures for a in archs),
-            f"architectures {archs} (expected {' or '.join(architectures)})")
-    act = get("activation_function", "relu")
-    require(act in ACTIVATIONS, f"activation_function {act!r}; supported: "
-            f"{sorted(ACTIVATIONS)} (gelu means exact erf GELU)")
-    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"),
-                     ("encoder_ffn_dim", "decoder_ffn_dim")):
-        require(get(enc, 16) == get(dec, 16), f"{enc} {get(enc)} != {dec} {get(dec)}")
-    pad = get("pad_token_id", 1)  # an integer (check_field_types): the offset is pad + 1
-    eos = get("eos_token_id", 2)
-    if isinstance(eos, list):
-        require(len(eos) == 1, f"eos_token_id {eos} (one end token expected)")
-        eos = eos[0]
-    start = get("decoder_start_token_id", 2)
-    require(start != pad, f"decoder_start_token_id {start} equals pad_token_id: fairseq "
-            "positions skip pad tokens, which ours (indices) cannot express")
-    dropout = float(get("dropout", 0.1))
-    for name in ("attention_dropout", "activation_dropout", "encoder_layerdrop",
-                 "decoder_layerdrop"):
-        if float(get(name, 0.0)) not in (0.0, dropout):
-            warnings.warn(f"{family} {name}={hf[name]} is not expressed (our model uses one "
-                          f"dropout rate, {dropout}); this affects training only", stacklevel=3)
-    try:
-        return TransformerConfig(
-            d_model=get("d_model", 1024), num_heads=get("encoder_attention_heads", 16),
-            d_ff=get("encoder_ffn_dim", 4096), num_encoder_layers=get("encoder_layers", 12),
-            num_decoder_layers=get("decoder_layers", 12), dropout=dropout,
-            max_len=get("max_position_embeddings", 1024), pad_id=pad, bos_id=start, eos_id=eos,
-            activation=ACTIVATIONS[act], layer_norm_eps=1e-5,  # torch's default; not configurable
-            scale_embeddings=bool(get("scale_embedding", True)), position_layout="fairseq",
-            position_offset=pad + 1, output_bias=False, **fields)
-    except ConfigError as e:
-        raise PortError(f"{family} config maps to an invalid config: {e}") from e
+    """What FSMT and M2M100 share beyond BART's fields; defaults are transformers' (both
+    classes agree): fairseq's positions, numbered after the pad id."""
+    bart.check_model(model_type, architectures)
+    activation = bart.check_layers("relu")
+    ids = bart.special_ids(pad=1, eos=2, start=2)  # pad: an integer, the offset is pad + 1
+    bart.require(ids["bos_id"] != ids["pad_id"], f"decoder_start_token_id {ids['bos_id']} "
+                 "equals pad_token_id: fairseq positions skip pad tokens, which ours "
+                 "(indices) cannot express")
+    return bart.build(**ids, **bart.layer_fields(activation, scale_embedding=True, stacklevel=4),
+                      position_layout="fairseq", position_offset=ids["pad_id"] + 1,
+                      output_bias=False, **fields)
 
 
 # ------------------------------------------------------------------ tensors
@@ -232,3 +192,7 @@ def _convert(src_dir, out_dir, family: str, make_config, make_tensors, read_toke
             except TokenizerError as e:
                 raise PortError(f"{src_dir}'s tokenizer: {e}") from None
     return config
+
+
+FSMT_FORMAT = Format("hf-fsmt", lambda src, out, options: convert_hf_fsmt(src, out))
+M2M100_FORMAT = Format("hf-m2m100", lambda src, out, options: convert_hf_m2m100(src, out))

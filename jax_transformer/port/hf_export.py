@@ -20,7 +20,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import safetensors.numpy
@@ -28,6 +28,7 @@ import safetensors.numpy
 from jax_transformer.port.marian import (MARIAN_ACTIVATIONS, MARIAN_FIXED_FLAGS,
                                          MARIAN_TOKENIZER_FILES, marian_layer_modules)
 from transformer_core.marian_tokenizer import MarianTokenizer
+from jax_transformer.port.options import Format
 from jax_transformer.port.reading import PortError
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
@@ -141,6 +142,15 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
     with checkpoint_dir.directory_written_whole(out_dir) as tmp:  # a failure leaves nothing
         tokenizer = _write_marian_dir(tmp, src_dir, config, hf_config, hf, marian_files, vocab)
     return config, tokenizer
+
+
+def to_hf_marian(src_dir: str, out_dir: str, options: Mapping[str, Any]) -> str:
+    """--to hf-marian: what was written, for jaxformer-port's "wrote OUT ..." line."""
+    config, tokenizer = export_hf_marian(src_dir, out_dir)
+    return f"(Marian, tokenizer {tokenizer}): {config}"
+
+
+FORMAT = Format(TARGETS[0], to_hf_marian)
 
 
 def _write_marian_dir(out_dir: Path, src_dir: Path, config: TransformerConfig,

@@ -17,13 +17,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
-from jax_transformer.port.reading import (HF_CONFIG_TYPES, PortError, TensorConsumer,
-                                          check_field_types, read_hf_weights, read_json_object)
+from jax_transformer.port.options import Format
+from jax_transformer.port.bart_config import ACTIVATIONS, BartConfig
+from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
+                                          read_json_object)
 from transformer_core import checkpoint_dir
-from transformer_core.config import ConfigError, TransformerConfig
+from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 
-MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+MARIAN_ACTIVATIONS = ACTIVATIONS  # BART's
 # Config flags of the BART family that MarianMTModel does not implement: only these values.
 MARIAN_FIXED_FLAGS = {"normalize_before": False, "normalize_embedding": False,
                       "add_final_layer_norm": False, "add_bias_logits": False,
@@ -53,29 +55,13 @@ def marian_layer_modules(config: TransformerConfig) -> list[tuple[str, str]]:
 def marian_config(hf: Mapping[str, Any], source: str = "Marian config") -> TransformerConfig:
     """Map a Hugging Face MarianConfig (config.json as a dict, read from `source`) to
     ours, or raise PortError."""
-    check_field_types(hf, HF_CONFIG_TYPES, source)
-
-    def get(name, default=None):
-        value = hf.get(name, default)
-        return default if value is None else value
-
-    def require(condition, message):
-        if not condition:
-            raise PortError(f"unsupported Marian config: {message}")
-
-    require(get("model_type") == "marian", f"model_type is {hf.get('model_type')!r}, not 'marian'")
-    archs = get("architectures", [])
-    require(all(a in ("MarianMTModel", "MarianModel") for a in archs),
-            f"architectures {archs} (only MarianMTModel / MarianModel are encoder-decoders)")
-    act = get("activation_function", "gelu")
-    require(act in MARIAN_ACTIVATIONS, f"activation_function {act!r}; supported: "
-            f"{sorted(MARIAN_ACTIVATIONS)} (gelu means exact erf GELU)")
+    bart = BartConfig(hf, "Marian", source)
+    get, require = bart.get, bart.require
+    bart.check_model("marian", ("MarianMTModel", "MarianModel"),
+                     "only MarianMTModel / MarianModel are encoder-decoders")
+    activation = bart.check_layers("gelu")
     for flag, ok in MARIAN_FIXED_FLAGS.items():
         require(get(flag, ok) == ok, f"{flag}={hf.get(flag)!r} (Marian's MarianMTModel needs {ok})")
-    require(get("encoder_attention_heads", 16) == get("decoder_attention_heads", 16),
-            "encoder_attention_heads != decoder_attention_heads")
-    require(get("encoder_ffn_dim", 4096) == get("decoder_ffn_dim", 4096),
-            "encoder_ffn_dim != decoder_ffn_dim")
     eps = get("layer_norm_eps", 1e-5)
     require(eps == 1e-5, f"layer_norm_eps={eps!r}: MarianMTModel ignores it and uses torch's "
             "1e-5, so the checkpoint's meaning is ambiguous")
@@ -85,32 +71,13 @@ def marian_config(hf: Mapping[str, Any], source: str = "Marian config") -> Trans
     require(not share or decoder_vocab == vocab,
             f"share_encoder_decoder_embeddings with decoder_vocab_size {decoder_vocab} != "
             f"vocab_size {vocab}")
-    pad = get("pad_token_id")
-    require(pad is not None, "pad_token_id is missing")
-    eos = get("eos_token_id", 0)
-    if isinstance(eos, list):
-        require(len(eos) == 1, f"eos_token_id {eos} (one end token expected)")
-        eos = eos[0]
-    dropout = float(get("dropout", 0.1))
-    for name in ("attention_dropout", "activation_dropout", "encoder_layerdrop",
-                 "decoder_layerdrop"):
-        if float(get(name, 0.0)) not in (0.0, dropout):
-            warnings.warn(f"Marian {name}={hf[name]} is not expressed (our model uses one "
-                          f"dropout rate, {dropout}); this affects training only", stacklevel=2)
-    try:
-        return TransformerConfig(
-            src_vocab_size=vocab, tgt_vocab_size=vocab if share else decoder_vocab,
-            d_model=get("d_model", 1024), num_heads=get("encoder_attention_heads", 16),
-            d_ff=get("encoder_ffn_dim", 4096), num_encoder_layers=get("encoder_layers", 12),
-            num_decoder_layers=get("decoder_layers", 12), dropout=dropout,
-            max_len=get("max_position_embeddings", 1024), pad_id=pad,
-            bos_id=get("decoder_start_token_id", pad), eos_id=eos,
-            pre_norm=False, final_norm=False, activation=MARIAN_ACTIVATIONS[act],
-            layer_norm_eps=1e-5, scale_embeddings=bool(get("scale_embedding", False)),
-            position_layout="half_split", share_embeddings=share,
-            tie_output=bool(get("tie_word_embeddings", True)), output_bias=True)
-    except ConfigError as e:
-        raise PortError(f"Marian config maps to an invalid config: {e}") from e
+    ids = bart.special_ids(pad=None, eos=0, start=None)  # decoding starts from the pad id
+    return bart.build(
+        src_vocab_size=vocab, tgt_vocab_size=vocab if share else decoder_vocab, **ids,
+        **bart.layer_fields(activation, scale_embedding=False, stacklevel=3),
+        pre_norm=False, final_norm=False, position_layout="half_split",
+        share_embeddings=share, tie_output=bool(get("tie_word_embeddings", True)),
+        output_bias=True)
 
 
 def marian_tensors(hf_tensors: Mapping[str, np.ndarray],
@@ -184,3 +151,5 @@ def convert_hf_marian(src_dir: str | Path, out_dir: str | Path) -> TransformerCo
             MarianTokenizer(tmp).check_fits(config)
     return config
 
+
+FORMAT = Format("hf-marian", lambda src, out, options: convert_hf_marian(src, out))

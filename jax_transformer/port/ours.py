@@ -3,12 +3,29 @@ train.py's orbax training checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
+from jax_transformer.port.options import Format, like, option
 from jax_transformer.port.reading import PortError, read_weights, torch_load
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchReferenceOptions:
+    """--from torch-reference's flags."""
+    config: str | None = option(None, "our config.json for the state dict", path=True)
+    tokenizer: str | None = option(None, "a SentencePiece model to copy as tokenizer.model",
+                                   path=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxOrbaxOptions:
+    """--from jax-orbax's flags."""
+    tokenizer: str | None = like(TorchReferenceOptions, "tokenizer")
+    step: int | None = option(None, "the step to restore", unset="latest")
 
 
 def convert_torch_reference(src: str | Path, out_dir: str | Path,
@@ -50,3 +67,15 @@ def convert_jax_orbax(src: str | Path, out_dir: str | Path, step: int | None = N
     with checkpoint_dir.directory_written_whole(out_dir) as tmp:
         model.save_pretrained(tmp, tokenizer=tokenizer)
     return model.config
+
+
+def _torch_reference(src: str, out: str, options: Mapping[str, Any]) -> TransformerConfig:
+    return convert_torch_reference(src, out, options.get("config"), options.get("tokenizer"))
+
+
+def _jax_orbax(src: str, out: str, options: Mapping[str, Any]) -> TransformerConfig:
+    return convert_jax_orbax(src, out, options.get("step"), options.get("tokenizer"))
+
+
+TORCH_REFERENCE = Format("torch-reference", _torch_reference, TorchReferenceOptions)
+JAX_ORBAX = Format("jax-orbax", _jax_orbax, JaxOrbaxOptions)

@@ -9,6 +9,7 @@ tensors out of a `TensorConsumer`, which names every tensor nobody asked for.
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,24 +19,6 @@ import numpy as np
 from transformer_core import text
 from transformer_core.config import type_problem
 from transformer_core.errors import InputError, listing
-
-# The config.json fields the Hugging Face importers read (Marian, FSMT and M2M100 use
-# BART's names), with the types transformers gives them.
-HF_CONFIG_TYPES: dict[str, Any] = {
-    "model_type": str, "architectures": list[str], "activation_function": str,
-    "d_model": int, "encoder_layers": int, "decoder_layers": int,
-    "encoder_attention_heads": int, "decoder_attention_heads": int, "encoder_ffn_dim": int,
-    "decoder_ffn_dim": int, "max_position_embeddings": int, "vocab_size": int,
-    "decoder_vocab_size": int, "src_vocab_size": int, "tgt_vocab_size": int,
-    "dropout": float, "attention_dropout": float, "activation_dropout": float,
-    "encoder_layerdrop": float, "decoder_layerdrop": float, "layer_norm_eps": float,
-    "pad_token_id": int, "eos_token_id": int | list[int], "decoder_start_token_id": int,
-    "scale_embedding": bool, "tie_word_embeddings": bool,
-    "share_encoder_decoder_embeddings": bool, "normalize_before": bool,
-    "normalize_embedding": bool, "add_final_layer_norm": bool, "add_bias_logits": bool,
-    "static_position_embeddings": bool,
-}
-
 
 class PortError(InputError):
     """The source checkpoint cannot be converted faithfully; the message says why."""
@@ -119,6 +102,17 @@ def first_sentence(error: Exception) -> str:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object, or a PortError naming the file."""
     return text.read_json_object(path, PortError)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """A --mapping JSON file: an object with any of a format's option fields."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise PortError(f"--mapping {path} is not valid JSON: {e}") from e
+    if not isinstance(spec, dict):
+        raise PortError(f"--mapping {path} must hold a JSON object")
+    return spec
 
 
 def torch_to_numpy(tensor) -> np.ndarray:

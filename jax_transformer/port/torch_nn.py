@@ -7,36 +7,57 @@ the defaults follow torch.nn.Transformer and the PyTorch translation tutorial.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from jax_transformer.port.options import Format, defaults, option, types
 from jax_transformer.port.reading import (PortError, TensorConsumer, check_field_types,
                                           read_weights)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 
 
-TORCH_NN_DEFAULTS: dict[str, Any] = {
-    # Where the wrapper keeps its tensors (module prefixes or full ".weight" keys).
-    "transformer": None,  # prefix of the nn.Transformer; found automatically when None
-    "src_embed": "src_embed",
-    "tgt_embed": "tgt_embed",  # same as src_embed for a shared table
-    "output": "generator",  # an nn.Linear; the tgt_embed name for a tied projection
-    "ignore": [],  # key prefixes to drop (e.g. a positional-encoding buffer)
-    # What the state dict cannot say: the wrapper's forward and nn.Transformer's args.
-    "num_heads": None,  # required
-    "activation": "relu",  # nn.Transformer's default
-    "norm_first": False,  # nn.Transformer's default (post-LN)
-    "layer_norm_eps": 1e-5,
-    "scale_embeddings": True,  # embedding * sqrt(d_model), as in the PyTorch tutorial
-    "position_layout": "interleaved",
-    "max_len": 512,
-    "dropout": 0.1,
-    "pad_id": 0, "bos_id": 2, "eos_id": 3,
-}
+SOURCE = "torch-nn-transformer"
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITION_LAYOUTS = ("interleaved", "half_split")
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchNNMapping:
+    """--from torch-nn-transformer's mapping (flags, or a --mapping JSON file): where
+    the wrapper keeps its tensors (module prefixes or full ".weight" keys), then what
+    the state dict cannot say (the wrapper's forward, nn.Transformer's arguments).
+    torch_nn_encoder.TorchNNEncoderMapping takes most of these fields (like())."""
+    transformer: str | None = option(None, "the nn.Transformer's module prefix",
+                                     flag="--transformer-prefix",
+                                     unset="found in the state dict")
+    src_embed: str = option("src_embed", "source embedding module or key")
+    tgt_embed: str = option("tgt_embed", "target embedding module or key; the src_embed "
+                            "name for a shared table")
+    output: str = option("generator", "output nn.Linear; the embedding's name if tied; "
+                         "torch-nn-encoder encoder_only: '' for none")
+    ignore: list[str] = option(help="drop keys with this prefix (repeatable)", factory=list,
+                               action="append")
+    num_heads: int | None = option(None, "attention heads; required: nhead is not in the "
+                                   "state dict")
+    activation: str = option("relu", "the layers' activation", choices=ACTIVATIONS)
+    norm_first: bool = option(False, "pre-LN layers, nn.Transformer's norm_first")
+    layer_norm_eps: float = option(1e-5, "the LayerNorms' epsilon")
+    scale_embeddings: bool = option(True, "embeddings times sqrt(d_model), as in the "
+                                    "PyTorch tutorials")
+    position_layout: str | None = option("interleaved", "the sinusoids' layout",
+                                         choices=POSITION_LAYOUTS)
+    max_len: int | None = option(512, "the positions the model takes")
+    dropout: float = option(0.1, "the dropout rate, for training")
+    pad_id: int = option(0, "padding token id")
+    bos_id: int = option(2, "start token id, the decoder's first input")
+    eos_id: int = option(3, "end token id")
+
+
+TORCH_NN_DEFAULTS: dict[str, Any] = defaults(TorchNNMapping)
 
 
 def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str, Any]
@@ -47,7 +68,7 @@ def torch_nn_transformer_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str
     norm1/norm2/norm3 are our self-attn, cross-attn and FFN norms; nn.Transformer
     always has a final LayerNorm after each stack.
     """
-    spec = merge_spec(spec, TORCH_NN_DEFAULTS, "torch-nn-transformer")
+    spec = merge_spec(spec, TorchNNMapping, SOURCE)
     prefix = find_prefix(sd, spec["transformer"], "encoder.layers.0.self_attn.in_proj_weight",
                          "nn.Transformer", "--transformer-prefix",
                          exclude="decoder.layers.0.self_attn.in_proj_weight")
@@ -121,38 +142,20 @@ def convert_torch_nn_transformer(src: str | Path, out_dir: str | Path,
     return config
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """A --mapping JSON file: an object with any of TORCH_NN_DEFAULTS' fields."""
-    try:
-        spec = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise PortError(f"--mapping {path} is not valid JSON: {e}") from e
-    if not isinstance(spec, dict):
-        raise PortError(f"--mapping {path} must hold a JSON object")
-    return spec
+FORMAT = Format(SOURCE, convert_torch_nn_transformer, TorchNNMapping)
 
 
 # ------------------------------------------------------------------ shared with torch_nn_encoder.py
 
-# The mapping fields of both torch.nn sources, with their types (TransformerConfig's
-# where a field is one of its own under the same or another name: norm_first is pre_norm).
-MAPPING_TYPES: dict[str, Any] = {
-    "architecture": str, "transformer": str, "encoder": str, "src_embed": str,
-    "tgt_embed": str, "embed": str, "output": str, "positions": str, "position_key": str,
-    "ignore": list[str], "num_heads": int, "activation": str, "norm_first": bool,
-    "layer_norm_eps": float, "scale_embeddings": bool, "position_layout": str, "max_len": int,
-    "dropout": float, "pad_id": int, "bos_id": int, "eos_id": int,
-}
-
-
-def merge_spec(spec: Mapping[str, Any], defaults: Mapping[str, Any], source: str) -> dict:
-    """The mapping over its defaults; unknown fields and values of another type than
-    MAPPING_TYPES' are errors."""
-    merged = {**defaults, **{k: v for k, v in spec.items() if v is not None}}
-    unknown = sorted(set(merged) - set(defaults))
+def merge_spec(spec: Mapping[str, Any], mapping: type, source: str) -> dict:
+    """The mapping over the defaults of `mapping` (TorchNNMapping or TorchNNEncoderMapping);
+    unknown fields and values of another type than its fields' are errors."""
+    fields = defaults(mapping)
+    merged = {**fields, **{k: v for k, v in spec.items() if v is not None}}
+    unknown = sorted(set(merged) - set(fields))
     if unknown:
         raise PortError(f"unknown {source} mapping field(s): {', '.join(unknown)}")
-    check_field_types(merged, MAPPING_TYPES, f"{source} mapping")
+    check_field_types(merged, types(mapping), f"{source} mapping")
     if merged["num_heads"] is None:
         raise PortError("--num-heads is required: nhead is not in the state dict")
     return merged

@@ -15,15 +15,17 @@ model takes (L, B) ids where ours take (B, L).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from jax_transformer.port.fairseq import POSITION_TOLERANCE_PER_ROW
+from jax_transformer.port.options import Format, defaults, like, option
 from jax_transformer.port.reading import PortError, TensorConsumer, read_weights
-from jax_transformer.port.torch_nn import (LayerCopier, count_layers, find_prefix, merge_spec,
-                                           strip)
+from jax_transformer.port.torch_nn import (LayerCopier, TorchNNMapping, count_layers,
+                                           find_prefix, merge_spec, strip)
 from transformer_core import checkpoint_dir
 from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.errors import listing
@@ -32,26 +34,43 @@ from transformer_core.positions import sinusoidal_positions
 ARCHITECTURES = ("decoder_only", "encoder_only")
 POSITIONS = ("sinusoidal", "learned", "none")
 
-TORCH_NN_ENCODER_DEFAULTS: dict[str, Any] = {
-    "architecture": None,  # required: decoder_only (causal mask) or encoder_only
-    # Where the model keeps its tensors (module prefixes or full ".weight" keys).
-    "encoder": None,  # prefix of the nn.TransformerEncoder; found automatically when None
-    "embed": "embedding",
-    "output": "linear",  # an nn.Linear; the embed name if tied; "" for none (encoder_only)
-    "positions": "sinusoidal",  # or "learned", "none"
-    "position_key": "pos_encoder.pe",  # the stored table; "" for sinusoids made in forward
-    "ignore": [],  # key prefixes to drop
-    # What the state dict cannot say: the model's forward and the layers' args.
-    "num_heads": None,  # required
-    "activation": "relu",
-    "norm_first": False,
-    "layer_norm_eps": 1e-5,
-    "scale_embeddings": True,  # embedding * sqrt(d_model), as in the tutorial
-    "position_layout": None,  # sinusoids: the layout the stored table matches
-    "max_len": None,  # the position table's rows (512 without one)
-    "dropout": 0.1,
-    "pad_id": 0, "bos_id": 2, "eos_id": 3,
-}
+SOURCE = "torch-nn-encoder"
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchNNEncoderMapping:
+    """--from torch-nn-encoder's mapping: what the model's forward passes (the
+    architecture), where it keeps its tensors (module prefixes or full ".weight" keys),
+    then what the state dict cannot say; the fields it shares with torch-nn-transformer
+    are TorchNNMapping's (like()), with their help and, unless given here, default."""
+    architecture: str | None = option(None, "decoder_only when the forward passes a square "
+                                      "subsequent mask (a language model), else "
+                                      "encoder_only; required", choices=ARCHITECTURES)
+    encoder: str | None = option(None, "the nn.TransformerEncoder's module prefix",
+                                 flag="--encoder-prefix", unset="found in the state dict")
+    embed: str = option("embedding", "token embedding module or key")
+    output: str = like(TorchNNMapping, "output", "linear")
+    positions: str = option("sinusoidal", "a stored sinusoid table, checked; a learned one, "
+                            "copied; or none", choices=POSITIONS)
+    position_key: str = option("pos_encoder.pe", "the position table's key; '' for sinusoids "
+                               "the forward makes")
+    ignore: list[str] = like(TorchNNMapping, "ignore")
+    num_heads: int | None = like(TorchNNMapping, "num_heads")
+    activation: str = like(TorchNNMapping, "activation")
+    norm_first: bool = like(TorchNNMapping, "norm_first")
+    layer_norm_eps: float = like(TorchNNMapping, "layer_norm_eps")
+    scale_embeddings: bool = like(TorchNNMapping, "scale_embeddings")
+    position_layout: str | None = like(TorchNNMapping, "position_layout", None,
+                                       unset="the one a stored table matches")
+    max_len: int | None = like(TorchNNMapping, "max_len", None,
+                               unset="the position table's rows, 512 without one")
+    dropout: float = like(TorchNNMapping, "dropout")
+    pad_id: int = like(TorchNNMapping, "pad_id")
+    bos_id: int = like(TorchNNMapping, "bos_id")
+    eos_id: int = like(TorchNNMapping, "eos_id")
+
+
+TORCH_NN_ENCODER_DEFAULTS: dict[str, Any] = defaults(TorchNNEncoderMapping)
 LAYER_KEYS = ("self_attn.in_proj_weight", "self_attn.out_proj.weight", "linear1.weight",
               "linear2.weight", "norm1.weight", "norm2.weight")
 
@@ -60,7 +79,7 @@ def torch_nn_encoder_tensors(sd: Mapping[str, np.ndarray], spec: Mapping[str, An
                              ) -> tuple[TransformerConfig, dict[str, np.ndarray]]:
     """A state dict of a model built on torch.nn.TransformerEncoder -> (our config,
     our tensors)."""
-    spec = merge_spec(spec, TORCH_NN_ENCODER_DEFAULTS, "torch-nn-encoder")
+    spec = merge_spec(spec, TorchNNEncoderMapping, SOURCE)
     arch, kind = spec["architecture"], spec["positions"]
     if arch not in ARCHITECTURES:
         raise PortError("--architecture is required: decoder_only (the encoder runs under "
@@ -243,3 +262,6 @@ def convert_torch_nn_encoder(src: str | Path, out_dir: str | Path,
     with checkpoint_dir.directory_written_whole(out_dir) as tmp:
         checkpoint_dir.save_dir(tmp, config, tensors)
     return config
+
+
+FORMAT = Format(SOURCE, convert_torch_nn_encoder, TorchNNEncoderMapping)
