@@ -238,6 +238,27 @@ def test_unsupported_config_is_an_error(tmp_path, capsys, family, change, messag
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sizes_a_config_leaves_out_are_transformers_defaults(family):
+    """A hand-written config.json may leave sizes out; transformers then builds its
+    defaults (ffn dims 4096, ...), so ours must read the same model. Before: the
+    decoder's left out and the encoder's given at 4096 was refused, "4096 != None"
+    (the check's default for a missing ffn dim was the heads' 16)."""
+    sizes = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+             "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+             "max_position_embeddings")
+    written = {k: v for k, v in hf_config(family).to_dict().items() if k not in sizes}
+    defaults = type(hf_config(family))(**written)
+    written |= {"encoder_ffn_dim": defaults.encoder_ffn_dim,  # the encoder's given, at
+                "encoder_attention_heads": defaults.encoder_attention_heads}  # their default
+    theirs = type(hf_config(family))(**written)  # what transformers builds from that file
+    ours = port.m2m100_config(written) if family == "m2m100" else port.fsmt_config(written)
+    assert (ours.d_model, ours.num_encoder_layers, ours.num_decoder_layers, ours.num_heads,
+            ours.d_ff, ours.max_len) == (
+        theirs.d_model, theirs.encoder_layers, theirs.decoder_layers,
+        theirs.encoder_attention_heads, theirs.encoder_ffn_dim, theirs.max_position_embeddings)
+
+
 def test_untied_lm_head_under_tied_config_is_an_error(tmp_path):
     """transformers 5 leaves a stored lm_head that differs from `shared` untied: a
     tied config would then describe another model."""
