@@ -83,7 +83,9 @@ for step in $STEPS; do
               torch_compile --no-memory --out "$OUT/train_gpu.json" ;;
     tests_fast|tests_slow)  # a test stopped by the deadline still writes its junit file (SIGINT)
         tier=${step#tests_}; [[ $tier == fast ]] && marker="not slow" || marker=slow
-        XLA_PYTHON_CLIENT_PREALLOCATE=false run "$step" 900 python3 -m pytest -v -rfE \
+        # deterministic reductions: the resume tests compare two runs bit for bit
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true XLA_PYTHON_CLIENT_PREALLOCATE=false \
+            run "$step" 900 python3 -m pytest -v -rfE \
             -n "${TEST_WORKERS:-14}" -p no:cacheprovider -m "$marker" \
             --junitxml "$OUT/junit_$tier.xml" parity_tests tests ;;
     *) echo "unknown step $step" | tee -a "$LOG" ;;
