@@ -370,6 +370,22 @@ def test_committed_pages_are_rendered_from_their_results(results):
     assert results.with_suffix(".md").read_text() == page
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
+@pytest.mark.slow  # a subprocess; see pyproject.toml
+def test_bench_fsdp_smoke(tmp_path):
+    out = tmp_path / "fsdp.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_fsdp.py"),
+                    "--devices", "4", "--fsdp", "1", "4", "--d-model", "32", "--heads", "2",
+                    "--d-ff", "64", "--layers", "1", "--vocab", "64", "--batch-size", "8",
+                    "--src-len", "8", "--tgt-len", "8", "--warmup", "1", "--steps", "1",
+                    "--rounds", "2", "--out", str(out)], check=True, capture_output=True,
+                   text=True, timeout=600, env={**os.environ, **CPU_ONLY})
+    rows = {row["fsdp"]: row for row in json.loads(out.read_text())["results"]}
+    assert set(rows) == {1, 4} and rows[1]["data"] == 4 and rows[4]["data"] == 1
+    assert rows[1]["share"] == 1.0 and rows[4]["share"] <= 0.25 * 1.05
+    assert rows[1]["total_bytes"] == rows[4]["total_bytes"] and rows[4]["step_ms"] > 0
+    assert_cells(out.with_suffix(".md").read_text(), f"{rows[4]['share']:.3f}")
+
+
 def test_bench_corpus_smoke(tmp_path):
     out = tmp_path / "corpus.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_corpus.py"),

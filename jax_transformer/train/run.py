@@ -114,7 +114,7 @@ class TrainingRun:
                 report.update(replicas(state))  # the trained state, before --export's choice
                 exported, export = selection.exported_state(
                     settings.export, state, self.checkpointer, settings.average_last,
-                    self.trainer.replicated, log)
+                    self.trainer.state_shardings.params, log)
                 self.export(exported)
                 summary = self.evaluate(exported, report, export)
             summary["train_seconds"] = round(train_seconds, 1)
@@ -393,14 +393,14 @@ class TrainingRun:
 
     def export(self, state) -> None:
         """WORKDIR/export: the model and its tokenizer as a checkpoint directory."""
+        model = self.trainer.local_model(state)  # every process: with --fsdp, a gathering
         if self.primary:  # whole or not at all: a failure keeps the earlier export
             with directory_written_whole(self.workdir / "export") as tmp:
                 if self.init is not None:  # the tokenizer files it came with
-                    self.trainer.local_model(state).save_pretrained(tmp)
+                    model.save_pretrained(tmp)
                     names = finetune.copy_tokenizer(self.workdir, tmp)
                 else:
-                    self.trainer.local_model(state).save_pretrained(
-                        tmp, tokenizer=self.tokenizer.path)
+                    model.save_pretrained(tmp, tokenizer=self.tokenizer.path)
                     names = [self.tokenizer.path.name]
             log(f"exported {self.workdir / 'export'} (config.json, model.safetensors, "
                 f"{', '.join(names)})")

@@ -21,7 +21,7 @@ import numpy as np
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from jax_transformer.train.settings import BEST_METRICS, TrainSettings
-from jax_transformer.train.step import replicate
+from jax_transformer.train.runtime import sharding
 from transformer_core.averaging import ParameterMean
 
 
@@ -104,14 +104,14 @@ def mean_params(restored: Iterable[tuple[int, object]]):
     mean, treedef = ParameterMean(), None
     for step, params in restored:
         flat, treedef = jax.tree_util.tree_flatten_with_path(params)
-        mean.add({jax.tree_util.keystr(path): np.asarray(leaf.addressable_data(0))
+        mean.add({jax.tree_util.keystr(path): np.asarray(sharding.local_copy(leaf))
                   for path, leaf in flat}, f"checkpoint {step}")
         paths = [jax.tree_util.keystr(path) for path, _ in flat]
     means = mean.result()
     return jax.tree_util.tree_unflatten(treedef, [means[path] for path in paths])
 
 
-def exported_state(export: str, state, checkpointer, average_last: int, sharding, log):
+def exported_state(export: str, state, checkpointer, average_last: int, params_sharding, log):
     """The state whose model the run exports and evaluates (--export), and what it is
     (eval.json's "export"): `state` itself, the best checkpoint's parameters in it, or
     the mean of the newest `average_last` checkpoints' (fewer where fewer were saved)."""
@@ -129,5 +129,5 @@ def exported_state(export: str, state, checkpointer, average_last: int, sharding
     steps = sorted(checkpointer.manager.all_steps())[-average_last:]
     params = mean_params((step, checkpointer.restore(state, step)[0].params) for step in steps)
     log(f"--export average: the mean of checkpoints {', '.join(map(str, steps))}")
-    return (dataclasses.replace(state, params=replicate(params, sharding)),
+    return (dataclasses.replace(state, params=sharding.place(params, params_sharding)),
             {"model": "average", "steps": steps})

@@ -408,6 +408,11 @@ class TrainSettings:
               "device count its checkpoint was saved on (its batches keep their rows, which "
               "are rounded down to a multiple of that count), not to another",
         metavar="N", resumable=True)
+    fsdp: int = setting(1, "fully sharded data parallelism: split every parameter and Adam "
+                           "moment over N devices, so each holds 1/N of the model's training "
+                           "state (docs/training.md); N must divide the device count; 1: "
+                           "every device holds all of it; a resumed run may change it",
+                        metavar="N", resumable=True)
     quiet: bool = setting(False, "no progress bar", resumable=True)
     tensorboard: bool = setting(True, "write TensorBoard event files in WORKDIR/tensorboard/, "
                                       "for `tensorboard --logdir WORKDIR`", resumable=True)
@@ -419,7 +424,8 @@ class TrainSettings:
     def __post_init__(self):
         refuse_empty_paths(self)
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last"):
+                     "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last",
+                     "fsdp"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.cpu_devices is None or self.cpu_devices >= 1,

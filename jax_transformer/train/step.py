@@ -4,9 +4,9 @@ The label-smoothed loss, the paper's learning-rate schedule (and the fine-tuning
 ones), Adam(0.9, 0.98, 1e-9) with optional global-norm clipping (optax), frozen
 parameters, exact gradient accumulation,
 and train/eval steps compiled once per batch shape with buffers donated.
-Data parallelism: a 1-D device mesh with a "data" axis; the batch is sharded
-over it, parameters and optimizer state are replicated, and XLA inserts the
-gradient all-reduce.
+Parallelism: a "data" x "fsdp" device mesh (train/runtime/sharding.py); the batch is split
+over both axes, parameters and optimizer state along "fsdp" (--fsdp N; whole on every
+device with --fsdp 1), and XLA inserts the gathers and gradient reductions.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from jax_transformer.data.packing import BATCH_KEYS, TEXT_KEYS
 from jax_transformer.masks import causal_mask, same_segment, segment_masks
 from jax_transformer.model import TokenModel, build_model
 from jax_transformer.pretrained import load_torch_state_dict
+from jax_transformer.train.runtime import sharding
 
 
 def label_smoothed_cross_entropy(logits, labels, pad_id: int, smoothing: float = 0.1):
@@ -143,23 +144,8 @@ def build_trainer(config, settings, weights: dict | None = None) -> Trainer:
     optimizer = make_optimizer(schedule, settings.clip_norm)
     if settings.freeze == "embeddings":
         optimizer = freeze(optimizer)
-    return Trainer(model, optimizer, settings.label_smoothing, schedule=schedule)
-
-
-def data_parallel_mesh(devices=None) -> jax.sharding.Mesh:
-    """A 1-D mesh over all (or the given) devices with one "data" axis, in automatic
-    sharding mode: XLA propagates shardings from the sharded batch."""
-    devices = devices if devices is not None else jax.devices()
-    return jax.make_mesh((len(devices),), ("data",), devices=devices,
-                         axis_types=(jax.sharding.AxisType.Auto,))
-
-
-def replicate(tree, sharding: NamedSharding):
-    """This process's `tree` (the same on every process) as arrays of `sharding`; with
-    several processes by a compiled copy, since device_put reaches local devices only."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, sharding)
-    return jax.jit(lambda t: t, out_shardings=sharding)(tree)
+    return Trainer(model, optimizer, settings.label_smoothing,
+                   mesh=sharding.make_mesh(settings.fsdp), schedule=schedule)
 
 
 @dataclasses.dataclass
@@ -193,12 +179,21 @@ class Trainer:
         self.optimizer = optimizer
         self.schedule = schedule  # the optimizer's: each step's metrics then hold its "lr"
         self.label_smoothing = label_smoothing
-        self.mesh = mesh or data_parallel_mesh()
+        self.mesh = mesh or sharding.make_mesh()
         self.replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-        self.initial_state = replicate(
-            TrainState(step=jnp.zeros((), jnp.int32), params=params, rngs=rngs,
-                       opt_state=optimizer.init(params)), self.replicated)
+        self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(sharding.AXES))
+        self.state_shardings = TrainState(
+            step=self.replicated, params=sharding.shardings(params, self.mesh),
+            rngs=jax.tree.map(lambda _: self.replicated, rngs),
+            opt_state=sharding.shardings(jax.eval_shape(optimizer.init, params), self.mesh))
+        self.whole = jax.tree.map(lambda _: self.replicated, params)  # gathered for a step
+        params = sharding.place(params, self.state_shardings.params)
+        # The moments are made where they live: no whole copy of them on one device.
+        opt_state = jax.jit(optimizer.init, out_shardings=self.state_shardings.opt_state)(
+            params)
+        self.initial_state = TrainState(
+            step=sharding.place(jnp.zeros((), jnp.int32), self.replicated), params=params,
+            rngs=sharding.place(rngs, self.state_shardings.rngs), opt_state=opt_state)
         self.train_step = jax.jit(self._train_step, donate_argnums=0)
         self.grad_step = jax.jit(self._grad_step, donate_argnums=1)
         self.apply_step = jax.jit(self._apply_step, donate_argnums=(0, 1))
@@ -209,9 +204,10 @@ class Trainer:
         return nnx.view(model, deterministic=deterministic)
 
     def local_model(self, state: TrainState) -> TokenModel:
-        """The model (deterministic) with this process's copy of the replicated state on
-        one local device: decoding, figures and the export then need no other process."""
-        params, rngs = jax.tree.map(lambda x: x.addressable_data(0), (state.params, state.rngs))
+        """The model (deterministic), whole, on this process's first device: decoding,
+        figures and the export then need no other process. With --fsdp, gathering it is
+        a collective: every process calls this."""
+        params, rngs = jax.tree.map(sharding.local_copy, (state.params, state.rngs))
         return nnx.view(nnx.merge(self.graphdef, params, rngs), deterministic=True)
 
     def local_rows(self, rows: int) -> slice:
@@ -236,12 +232,16 @@ class Trainer:
         return model(**model_inputs(batch, self.architecture))
 
     def _gradients(self, state: TrainState, batch):
-        """Gradient of the summed loss (not yet divided by the token count)."""
-        model = nnx.merge(self.graphdef, state.params, state.rngs)
+        """Gradient of the summed loss (not yet divided by the token count), split as
+        the parameters are. With --fsdp the weights are gathered whole for the forward
+        and backward passes, so each device computes what data parallelism would, and
+        the gradients are reduced back into their shards."""
+        model = nnx.merge(self.graphdef, self.split_as(state.params, self.whole), state.rngs)
         (loss_sum, num_tokens), grad_sum = nnx.value_and_grad(
             lambda m: label_smoothed_cross_entropy(self._logits(m, batch, False),
                                                    batch["tgt_out"], self.pad_id,
                                                    self.label_smoothing), has_aux=True)(model)
+        grad_sum = self.split_as(grad_sum, self.state_shardings.params)
         return loss_sum, num_tokens, grad_sum, nnx.state(model, nnx.RngState)
 
     def _update(self, state: TrainState, grad_sum, loss_sum, num_tokens, rngs):
@@ -250,12 +250,22 @@ class Trainer:
         grads = jax.tree.map(lambda g: g / num_tokens.astype(g.dtype), grad_sum)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        params, opt_state = self.split_as(
+            (params, opt_state), (self.state_shardings.params, self.state_shardings.opt_state))
         metrics = {"loss": loss_sum / num_tokens, "tokens": num_tokens,
                    "grad_norm": optax.tree.norm(grads)}
         if self.schedule is not None:  # computed here, read with the loss: on the host, a
             # JAX op would wait behind the step dispatched after this one (late_metrics.py)
             metrics["lr"] = self.schedule(state.step)
         return TrainState(state.step + 1, params, rngs, opt_state), metrics
+
+    def split_as(self, tree, shardings):
+        """`tree` constrained to `shardings` inside a step; with --fsdp 1, where every
+        array is whole on every device already, left to XLA (the step's program is then
+        the data-parallel one, unchanged)."""
+        if self.mesh.shape["fsdp"] == 1:
+            return tree
+        return jax.lax.with_sharding_constraint(tree, shardings)
 
     def _train_step(self, state: TrainState, batch):
         loss_sum, num_tokens, grad_sum, rngs = self._gradients(state, batch)

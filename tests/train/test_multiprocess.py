@@ -204,6 +204,41 @@ def test_a_one_process_checkpoint_resumes_on_two_processes(runs, tmp_path):
     assert_close(losses(workdir), losses(runs["one"]))
 
 
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory) -> dict[str, Path]:
+    """Uninterrupted --fsdp 4 runs: "two" (the 4 shards on 2 processes x 2 devices) and
+    "one" (1 process x 4 devices)."""
+    root = tmp_path_factory.mktemp("multiprocess_fsdp")
+    launch = Launch(root / "two", "--fsdp", "4")
+    assert launch.finish() == 0, launch.stderr
+    one = one_process(root / "one", "--fsdp", "4")
+    assert one.returncode == 0, one.stderr[-3000:]
+    return {"two": root / "two", "one": root / "one"}
+
+
+def test_fsdp_over_two_processes_trains_as_one_process(fsdp_runs):
+    """Each parameter split across both processes' devices: the same losses as one
+    process, and every process gathers the same whole state (digests) and exports it."""
+    two, one = fsdp_runs["two"], fsdp_runs["one"]
+    assert_close(losses(two), losses(one))
+    digests = json.loads((two / "eval.json").read_text())["training"]["state_digests"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    assert sorted(p.name for p in (two / "export").iterdir()) == sorted(
+        p.name for p in (one / "export").iterdir())
+
+
+def test_sigterm_stops_an_fsdp_run_on_two_processes_and_it_resumes_exactly(fsdp_runs,
+                                                                             tmp_path):
+    workdir = tmp_path / "run"
+    launch = Launch(workdir, "--fsdp", "4")
+    launch.wait_for_step(workdir, 3)
+    os.kill(launch.pid(1), signal.SIGTERM)
+    assert launch.finish() == 143, launch.stderr
+    resumed = Launch(workdir, "--fsdp", "4")
+    assert resumed.finish() == 0, resumed.stderr
+    assert losses(workdir) == losses(fsdp_runs["two"])  # exactly
+
+
 def resumable_copy(run: Path, workdir: Path, step: int) -> Path:
     """A copy of `run` whose newest checkpoint is `step`."""
     shutil.copytree(run, workdir)

@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent("""
     from flax import nnx
     from transformer_core.config import TransformerConfig
     from jax_transformer.model import Transformer
-    from jax_transformer.train.step import Trainer, data_parallel_mesh, make_optimizer, paper_schedule
+    from jax_transformer.train.runtime.sharding import make_mesh
+    from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
     from jax_transformer.pretrained import to_torch_state_dict
 
     assert jax.device_count() == 8, jax.devices()
@@ -48,7 +49,7 @@ SCRIPT = textwrap.dedent("""
     results = {}
     for name, devices in (("one", jax.devices()[:1]), ("eight", jax.devices())):
         trainer = Trainer(fresh_model(), make_optimizer(paper_schedule(16, 2), clip_norm=1.0),
-                          mesh=data_parallel_mesh(devices))
+                          mesh=make_mesh(1, devices))
         state, losses = trainer.initial_state, []
         for batch in batches:
             batch = trainer.shard_batch(batch)

@@ -8,7 +8,7 @@ import hashlib
 import jax
 import numpy as np
 
-from jax_transformer.train.runtime import compiling, peers
+from jax_transformer.train.runtime import compiling, peers, sharding
 
 
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
@@ -41,11 +41,12 @@ def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds
 
 
 def state_digest(state) -> str:
-    """SHA-256 (16 hex digits) of this process's copy of the parameters and optimizer
-    state, leaf by leaf in tree order."""
+    """SHA-256 (16 hex digits) of the parameters and optimizer state as this process
+    sees them whole (a split array is gathered: every process calls it), leaf by leaf
+    in tree order."""
     digest = hashlib.sha256()
     for leaf in jax.tree.leaves((state.params, state.opt_state)):
-        digest.update(np.asarray(leaf.addressable_data(0)).tobytes())
+        digest.update(np.asarray(sharding.local_copy(leaf)).tobytes())
     return digest.hexdigest()[:16]
 
 
