@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_serve,
-                        finishing,
-                        bench_train, race, report, step_variants)
+from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
+                        bench_serve, bench_train, finishing, race, report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -364,12 +363,12 @@ def test_committed_pages_are_rendered_from_their_results(results):
     script = {"train": bench_train, "decode": bench_decode, "corpus": bench_corpus,
               "data": bench_data,
               "race": race, "compile": bench_compile, "serve": bench_serve,
-              "step": step_variants, "finishing": finishing}[results.stem.split("_")[0]]
+              "step": step_variants, "finishing": finishing,
+              "fsdp": bench_fsdp}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
 
-@pytest.mark.slow  # a subprocess; see pyproject.toml
 @pytest.mark.slow  # a subprocess; see pyproject.toml
 def test_bench_fsdp_smoke(tmp_path):
     out = tmp_path / "fsdp.json"
@@ -386,6 +385,7 @@ def test_bench_fsdp_smoke(tmp_path):
     assert_cells(out.with_suffix(".md").read_text(), f"{rows[4]['share']:.3f}")
 
 
+@pytest.mark.slow  # a subprocess; see pyproject.toml
 def test_bench_corpus_smoke(tmp_path):
     out = tmp_path / "corpus.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_corpus.py"),

@@ -33,7 +33,7 @@ from jax_transformer.train.inputs import (batch_multiple, log, make_batches, pre
 from jax_transformer.train.prefetch import Prefetcher
 from jax_transformer.train.records import plots
 from jax_transformer.train.records.late_metrics import LateMetrics, TrainingDiverged
-from jax_transformer.train.records.report import replicas, training_report
+from jax_transformer.train.records.report import replicas, state_bytes, training_report
 from jax_transformer.train.records.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.records.workdir import (METRICS_FILE, MetricsLog, open_workdir,
                                                    write_text_atomically)
@@ -111,7 +111,7 @@ class TrainingRun:
             with signals.signal_handlers(signals.exit_at_once(
                     f"stopped during the final export and evaluation; training is saved at "
                     f"step {int(state.step)}; run the same command to finish them")):
-                report.update(replicas(state))  # the trained state, before --export's choice
+                report.update(replicas(state), **state_bytes(state))  # the trained state
                 exported, export = selection.exported_state(
                     settings.export, state, self.checkpointer, settings.average_last,
                     self.trainer.state_shardings.params, log)
@@ -161,6 +161,10 @@ class TrainingRun:
         log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
             f"{config.d_model}, {layers} layers{scan}, {settings.dtype} compute, "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s)")
+        if settings.fsdp > 1:
+            held = {k: v / 2**20 for k, v in state_bytes(self.trainer.initial_state).items()}
+            log(f"--fsdp {settings.fsdp}: each device holds {held['device_state_bytes']:,.1f} "
+                f"MiB of the {held['state_bytes']:,.1f} MiB of parameters and Adam moments")
 
     def prepare_data(self, init_fingerprint: str | None) -> tuple[int, int, int]:
         """The prepared corpus and the tokenizer (fine-tuning: the checkpoint's own, never

@@ -50,6 +50,19 @@ def state_digest(state) -> str:
     return digest.hexdigest()[:16]
 
 
+def state_bytes(state) -> dict:
+    """{"state_bytes", "device_state_bytes"}: the parameters' and optimizer state's bytes
+    in all, and the most that any one of this process's devices holds (1/N of them
+    with --fsdp N)."""
+    leaves = jax.tree.leaves((state.params, state.opt_state))
+    per_device: dict = {}
+    for leaf in leaves:
+        for shard in leaf.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return {"state_bytes": sum(leaf.nbytes for leaf in leaves),
+            "device_state_bytes": max(per_device.values())}
+
+
 def replicas(state) -> dict:
     """{"processes", "devices", "state_digests"}: every process's `state_digest` (a
     gathering: every process calls it), one per process, all equal when the replicated
