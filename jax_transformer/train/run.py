@@ -39,7 +39,7 @@ from jax_transformer.train.records.workdir import (METRICS_FILE, MetricsLog, ope
                                                    write_text_atomically)
 from jax_transformer.train.resume import FINGERPRINT, check_run_settings, recorded_settings
 from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
-                                           signals)
+                                           sharding, signals)
 from jax_transformer.train.settings import RunSettings, default_compile_cache
 from jax_transformer.train.step import build_trainer
 from jax_transformer.train.task import TASKS
@@ -79,6 +79,7 @@ class TrainingRun:
         if settings.distributed:
             distributed.initialize(settings)
         jax_variables.start_backends()
+        sharding.check_fsdp(settings.fsdp, jax.device_count())  # before the corpus is read
         if not settings.distributed:
             return self._run_or_disk_full()
         with distributed.together(settings, lambda: distributed.resume_hint(

@@ -141,3 +141,13 @@ def test_the_summary_of_a_number_corpus_run_reports_bleu_that_means_something(tm
     assert test["bleu"] >= 0 and summary["test_bleu"] == round(test["bleu"], 2)
     assert summary["test_bleu4"] == round(test["bleu4"], 2)
     assert summary["test_bleu_signature"] == test["bleu_signature"]
+
+
+def test_an_fsdp_that_does_not_divide_the_devices_is_refused_before_the_corpus(tmp_path,
+                                                                               capsys):
+    import jax
+    count = jax.device_count()
+    code, _, err = run_main(tmp_path, capsys, "--fsdp", str(count + 1))
+    assert code == 2
+    assert err == [f"error: --fsdp {count + 1} must divide the number of devices, {count}"]
+    assert not (tmp_path / "run").exists()  # nothing read, prepared or written

@@ -4,7 +4,7 @@ dimension (fully sharded data parallelism, ZeRO-3: XLA gathers each weight where
 step uses it and reduce-scatters its gradient). With --fsdp 1 the mesh is
 data-parallel only and every array is whole on every device.
 
-    make_mesh(fsdp, devices)    the ("data", "fsdp") mesh
+    make_mesh(fsdp, devices)    the ("data", "fsdp") mesh (check_fsdp: N divides the devices)
     fsdp_spec(shape, n)         the rule, written once: the largest dimension n divides
     shardings(tree, mesh)       a NamedSharding for every leaf of a pytree of arrays
     place(tree, shardings)      a host's (or one device's) arrays put where they belong
@@ -29,11 +29,15 @@ def make_mesh(fsdp: int = 1, devices=None) -> jax.sharding.Mesh:
     (on a GPU host, those joined by NVLink) share the "fsdp" axis, which carries the
     weights' all-gathers."""
     devices = devices if devices is not None else jax.devices()
-    if fsdp < 1 or len(devices) % fsdp:
-        raise TrainError(f"--fsdp {fsdp} must divide the number of devices, "
-                         f"{len(devices)}")
+    check_fsdp(fsdp, len(devices))
     return jax.make_mesh((len(devices) // fsdp, fsdp), AXES, devices=devices,
                          axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def check_fsdp(fsdp: int, device_count: int) -> None:
+    """--fsdp must divide the device count: a TrainError naming both."""
+    if fsdp < 1 or device_count % fsdp:
+        raise TrainError(f"--fsdp {fsdp} must divide the number of devices, {device_count}")
 
 
 def fsdp_spec(shape: tuple[int, ...], n: int) -> PartitionSpec:
