@@ -69,3 +69,17 @@ def metrics_scalars(workdir) -> dict[str, list[tuple[int, float]]]:
                 scalars.setdefault(tag, []).append((record["step"],
                                                     float(np.float32(record[key]))))
     return scalars
+
+
+def random_batches(count: int, vocab: int, src_len: int, tgt_len: int, rows: int = 16):
+    """`count` translation batches of random ids (seed 0), the last 3 positions padded in
+    every third source row and every second target row."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(count):
+        src = rng.integers(4, vocab, (rows, src_len)).astype(np.int32)
+        tgt = rng.integers(4, vocab, (rows, tgt_len)).astype(np.int32)
+        src[::3, src_len - 3:] = 0
+        tgt[::2, tgt_len - 3:] = 0
+        batches.append({"src": src, "tgt_in": tgt, "tgt_out": np.roll(tgt, -1, axis=1)})
+    return batches

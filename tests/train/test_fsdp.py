@@ -48,18 +48,12 @@ SCRIPT = textwrap.dedent("""
     from jax_transformer.train.runtime.sharding import make_mesh
     from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
     from transformer_core.config import TransformerConfig
+    from tests.train.runs import random_batches
 
     assert jax.device_count() == 8, jax.devices()
     config = TransformerConfig(src_vocab_size=48, tgt_vocab_size=48, d_model=32, num_heads=4,
                                d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout=0.1)
-    rng = np.random.default_rng(0)
-    batches = []
-    for _ in range(20):
-        src = rng.integers(4, 48, (16, 9)).astype(np.int32)
-        tgt = rng.integers(4, 48, (16, 7)).astype(np.int32)
-        src[::3, 5:] = 0
-        tgt[::2, 4:] = 0
-        batches.append({"src": src, "tgt_in": tgt, "tgt_out": np.roll(tgt, -1, axis=1)})
+    batches = random_batches(20, 48, 9, 7)
 
     LM = dataclasses.replace(config, architecture="decoder_only")
 

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from flax import nnx
     from transformer_core.config import TransformerConfig
+    from tests.train.runs import random_batches
     from jax_transformer.model import Transformer
     from jax_transformer.train.runtime.sharding import make_mesh
     from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
@@ -33,14 +34,7 @@ SCRIPT = textwrap.dedent("""
     assert jax.device_count() == 8, jax.devices()
     config = TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, num_heads=2,
                                d_ff=32, num_encoder_layers=1, num_decoder_layers=1, dropout=0.1)
-    rng = np.random.default_rng(0)
-    batches = []
-    for _ in range(3):
-        src = rng.integers(4, 40, (16, 7)).astype(np.int32)
-        tgt = rng.integers(4, 40, (16, 6)).astype(np.int32)
-        src[::3, 4:] = 0
-        tgt[::2, 3:] = 0
-        batches.append({"src": src, "tgt_in": tgt, "tgt_out": np.roll(tgt, -1, axis=1)})
+    batches = random_batches(3, 40, 7, 6)
 
     def fresh_model():
         return Transformer(config, rngs=nnx.Rngs(0), dtype=jnp.float64, param_dtype=jnp.float64)
