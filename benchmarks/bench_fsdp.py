@@ -57,6 +57,7 @@ def variant(args, fsdp: int, batches):
 
     from benchmarks.train_steps import make_config
     from jax_transformer.model import Transformer
+    from jax_transformer.train.records.report import state_bytes
     from jax_transformer.train.runtime.sharding import make_mesh
     from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
@@ -74,13 +75,9 @@ def variant(args, fsdp: int, batches):
 
     compiled = trainer.train_step.lower(trainer.initial_state, device_batches[0]).compile()
     analysis = compiled.memory_analysis()  # per device: the step's temporaries
-    leaves = jax.tree.leaves((trainer.initial_state.params, trainer.initial_state.opt_state))
-    per_device: dict[int, int] = {}
-    for leaf in leaves:
-        for shard in leaf.addressable_shards:
-            per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
-    return steps, {"total_bytes": sum(leaf.nbytes for leaf in leaves),
-                   "max_device_bytes": max(per_device.values()),
+    held = state_bytes(trainer.initial_state)
+    return steps, {"total_bytes": held["state_bytes"],
+                   "max_device_bytes": held["device_state_bytes"],
                    "step_temp_bytes": getattr(analysis, "temp_size_in_bytes", None)}
 
 

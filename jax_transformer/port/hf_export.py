@@ -25,8 +25,9 @@ from typing import Any, Mapping
 import numpy as np
 import safetensors.numpy
 
-from jax_transformer.port.marian import (MARIAN_ACTIVATIONS, MARIAN_FIXED_FLAGS,
-                                         MARIAN_TOKENIZER_FILES, marian_layer_modules)
+from jax_transformer.port.bart_config import ACTIVATIONS
+from jax_transformer.port.marian import (MARIAN_FIXED_FLAGS, MARIAN_TOKENIZER_FILES,
+                                         marian_layer_modules)
 from transformer_core.marian_tokenizer import MarianTokenizer
 from jax_transformer.port.options import Format
 from jax_transformer.port.reading import PortError
@@ -34,7 +35,7 @@ from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 
 TARGETS = ("hf-marian",)
-HF_ACTIVATIONS = {ours: hf for hf, ours in MARIAN_ACTIVATIONS.items() if hf != "silu"}  # swish
+HF_ACTIVATIONS = {ours: hf for hf, ours in ACTIVATIONS.items() if hf != "silu"}  # swish
 # What MarianMTModel computes, for the fields it cannot change.
 MARIAN_FIXED = {"pre_norm": False, "final_norm": False, "layer_norm_eps": 1e-5,
                 "position_layout": "half_split"}

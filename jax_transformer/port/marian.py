@@ -18,14 +18,13 @@ import numpy as np
 
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES, MarianTokenizer
 from jax_transformer.port.options import Format
-from jax_transformer.port.bart_config import ACTIVATIONS, BartConfig
+from jax_transformer.port.bart_config import BartConfig
 from jax_transformer.port.reading import (PortError, TensorConsumer, read_hf_weights,
                                           read_json_object)
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 
-MARIAN_ACTIVATIONS = ACTIVATIONS  # BART's
 # Config flags of the BART family that MarianMTModel does not implement: only these values.
 MARIAN_FIXED_FLAGS = {"normalize_before": False, "normalize_embedding": False,
                       "add_final_layer_norm": False, "add_bias_logits": False,
