@@ -39,6 +39,9 @@ def parse_args(argv=None):
     parser.add_argument("--devices", type=int, default=8,
                         help="CPU devices to split the machine into; 0: JAX's own devices")
     parser.add_argument("--fsdp", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--scan-layers", choices=("on", "off"), default="on",
+                        help="every variant's layers scanned or looped (train.py scans "
+                             "them whenever --fsdp is above 1)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--tgt-len", type=int, default=32)
@@ -56,14 +59,18 @@ def variant(args, fsdp: int, batches):
     from flax import nnx
 
     from benchmarks.train_steps import make_config
+    from jax_transformer import scanned
     from jax_transformer.model import Transformer
     from jax_transformer.train.records.report import state_bytes
     from jax_transformer.train.runtime.sharding import make_mesh
     from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
     config = make_config(args)
-    trainer = Trainer(Transformer(config, rngs=nnx.Rngs(0)),
-                      make_optimizer(paper_schedule(args.d_model, 4000)), mesh=make_mesh(fsdp))
+    model = Transformer(config, rngs=nnx.Rngs(0))
+    if args.scan_layers == "on":
+        scanned.scan_layers(model)
+    trainer = Trainer(model, make_optimizer(paper_schedule(args.d_model, 4000)),
+                      mesh=make_mesh(fsdp))
     device_batches = [trainer.shard_batch(b) for b in batches]
     holder = {"state": trainer.initial_state}
 

@@ -25,9 +25,19 @@ orbax training checkpoints (train/checkpoints.py), through `per_layer_state` and
 
 Incremental decoding (a per-layer key/value cache, one position per step) runs
 the stacked layers in a loop, each layer its slice of the stacked variables.
+
+Inside `with layers_gathered(gather):` every layer (looped or scanned) runs on
+`gather(its variables)` under jax.checkpoint, which saves the layer's matmul
+outputs but not what `gather` returns. A training step with --fsdp passes a
+gather that makes a layer's split weights whole (train/step.py): one layer's
+weights are whole at a time, gathered again in the backward pass, and the
+layer's gradients leave it split (ZeRO-3).
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
 
 import jax
 import jax.numpy as jnp
@@ -83,6 +93,19 @@ def is_stacked(state: nnx.State) -> bool:
     return any(_stacked_at(path) is not None for path, _ in nnx.to_flat_state(state))
 
 
+_GATHER = contextvars.ContextVar("layer_gather", default=None)
+
+
+@contextlib.contextmanager
+def layers_gathered(gather):
+    """Within it, each layer runs on `gather(its variables)` (see the docstring above)."""
+    token = _GATHER.set(gather)
+    try:
+        yield
+    finally:
+        _GATHER.reset(token)
+
+
 def run_layers(layers, x, *args, per_layer=None):
     """x through each layer in turn, `layer(x, *args[, its item of per_layer])` ->
     (x, *outputs); returns x and, for each output, the list of its N values.
@@ -92,25 +115,46 @@ def run_layers(layers, x, *args, per_layer=None):
         return _scan(layers, x, args)
     outputs = []
     for i, layer in enumerate(layers):
-        extra = () if per_layer is None else (per_layer[i],)
-        x, *layer_outputs = layer(x, *args, *extra)
+        if per_layer is None and _GATHER.get() is not None:
+            graphdef, state = nnx.split(layer)
+            x, streams, layer_outputs = _layer_function(graphdef, args)(x, state)
+            nnx.update(layer, streams)
+        else:
+            extra = () if per_layer is None else (per_layer[i],)
+            x, *layer_outputs = layer(x, *args, *extra)
         outputs.append(layer_outputs)
     return x, *(list(values) for values in zip(*outputs))
 
 
 def _scan(layers: ScannedLayers, x, args):
     graphdef, state = nnx.split(layers.stacked)
+    run = _layer_function(graphdef, args)
 
     def one_layer(x, layer_state):
-        layer = nnx.merge(graphdef, layer_state)
-        x, *outputs = layer(x, *args)
-        return x, (nnx.state(layer, nnx.RngState), outputs)  # the streams' advanced counters
+        x, streams, outputs = run(x, layer_state)
+        return x, (streams, outputs)
 
     x, (streams, outputs) = jax.lax.scan(one_layer, x, state, unroll=layers.unroll)
     if _draws_dropout(layers.stacked):  # else nothing advanced (and eval may run under jit)
         nnx.update(layers.stacked, streams)
     return x, *([None if value is None else value[i] for i in range(layers.num_layers)]
                 for value in outputs)  # (N, ...) -> a list of N
+
+
+def _layer_function(graphdef, args):
+    """(x, a layer's variables) -> (x, its dropout streams' advanced counters, its
+    other outputs): the layer `layer(x, *args)`, on gathered variables within
+    `layers_gathered`."""
+    gather = _GATHER.get()
+
+    def run(x, state):
+        layer = nnx.merge(graphdef, state if gather is None else gather(state))
+        x, *outputs = layer(x, *args)
+        return x, nnx.state(layer, nnx.RngState), outputs
+
+    if gather is None:
+        return run
+    return jax.checkpoint(run, policy=jax.checkpoint_policies.dots_saveable)
 
 
 def _draws_dropout(module: nnx.Module) -> bool:
@@ -158,6 +202,12 @@ def stacked_state(state: nnx.State) -> nnx.State:
     for path, numbered in groups.items():
         flat.append((path, _stack([leaf for _, leaf in sorted(numbered, key=lambda n: n[0])])))
     return nnx.from_flat_state(flat)
+
+
+def in_layer_stack(path) -> bool:
+    """Whether a state path is a layer's variable: `.../layers/{i}/...` or, scanned,
+    `.../layers/stacked/...` (else: embeddings, final norms, the output projection)."""
+    return _stacked_at(path) is not None or _layer_index_at(path) is not None
 
 
 def map_states(function, tree):

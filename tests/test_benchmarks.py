@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
+                        bench_init_from,
                         bench_serve, bench_train, finishing, race, report, step_variants)
 from benchmarks.report import Report, Table
 
@@ -364,7 +365,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
               "data": bench_data,
               "race": race, "compile": bench_compile, "serve": bench_serve,
               "step": step_variants, "finishing": finishing,
-              "fsdp": bench_fsdp}[results.stem.split("_")[0]]
+              "fsdp": bench_fsdp, "init": bench_init_from}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -383,6 +384,21 @@ def test_bench_fsdp_smoke(tmp_path):
     assert rows[1]["share"] == 1.0 and rows[4]["share"] <= 0.25 * 1.05
     assert rows[1]["total_bytes"] == rows[4]["total_bytes"] and rows[4]["step_ms"] > 0
     assert_cells(out.with_suffix(".md").read_text(), f"{rows[4]['share']:.3f}")
+
+
+@pytest.mark.slow  # a subprocess; see pyproject.toml
+def test_bench_init_from_smoke(tmp_path):
+    out = tmp_path / "init_from.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_init_from.py"),
+                    "--layers", "1", "--d-model", "64", "--out", str(out), "--runs",
+                    *bench_init_from.RUNS], check=True, capture_output=True, text=True,
+                   timeout=600, env={**os.environ, **CPU_ONLY})
+    whole, split, data_parallel = json.loads(out.read_text())["runs"].values()
+    assert split["device_state_bytes"] <= whole["device_state_bytes"] / 8 * 1.05
+    assert split["scanned"] and not whole["scanned"] and whole["peak_host_bytes"] > 2**20
+    assert split["first_loss"] == data_parallel["first_loss"]  # on as many devices: exact
+    np.testing.assert_allclose(split["first_loss"], whole["first_loss"], rtol=1e-6)
+    assert_cells(out.with_suffix(".md").read_text(), repr(split["first_loss"]))
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml

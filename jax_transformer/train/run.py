@@ -23,7 +23,6 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jax_transformer import scanned
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
                                    selection)
@@ -41,7 +40,7 @@ from jax_transformer.train.resume import FINGERPRINT, check_run_settings, record
 from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
                                            sharding, signals)
 from jax_transformer.train.settings import RunSettings, default_compile_cache
-from jax_transformer.train.step import build_trainer
+from jax_transformer.train.step import build_trainer, scans
 from jax_transformer.train.task import TASKS
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
@@ -157,8 +156,7 @@ class TrainingRun:
         num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
-        scan = (" (scanned)" if scanned.scan_wanted(settings.scan_layers, jax.default_backend())
-                else "")
+        scan = " (scanned)" if scans(settings) else ""
         log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
             f"{config.d_model}, {layers} layers{scan}, {settings.dtype} compute, "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s)")
