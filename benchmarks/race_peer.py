@@ -75,13 +75,19 @@ def padded_width(length: int, multiple: int) -> int:
 
 def token_budget_batches(src, tgt, max_tokens: int, multiple: int = 1) -> list[list[int]]:
     """Pair indices sorted by length, cut into batches of at most `max_tokens` padded
-    token slots per side (rows x longest sentence, padded up to a multiple of
-    `multiple`)."""
-    order = sorted(range(len(src)), key=lambda i: (len(tgt[i]), len(src[i])))
+    token slots per side (rows x longest sentence). With `multiple` > 1, buckets: the
+    pairs sorted by their width padded up to a multiple of `multiple`, and a batch
+    holding one width, so that its batches have few shapes."""
+    def width_of(i):
+        return padded_width(max(len(src[i]), len(tgt[i])), multiple)
+
+    order = sorted(range(len(src)), key=lambda i: (
+        width_of(i) if multiple > 1 else 0, len(tgt[i]), len(src[i])))
     batches, batch, width = [], [], 0
     for i in order:
-        length = padded_width(max(len(src[i]), len(tgt[i])), multiple)
-        if batch and max(width, length) * (len(batch) + 1) > max_tokens:
+        length = width_of(i)
+        if batch and (max(width, length) * (len(batch) + 1) > max_tokens
+                      or (multiple > 1 and length != width)):
             batches.append(batch)
             batch, width = [], 0
         batch.append(i)
