@@ -10,7 +10,11 @@
 --time-budget seconds of wall time, counted from its start (reading the corpus,
 training the tokenizer, building the model and compiling included); it stops
 after the step in which the budget runs out, then greedy-decodes the test set,
-scored with sacreBLEU and chrF. The two sides run one after the other:
+scored with sacreBLEU and chrF. Every run is a process of its own, started by the race
+on the same cores (--threads of them), with a matmul peak (JAX, a fresh process)
+measured just before it; --rounds N runs each side N times, alternating ABBA (round
+0: ours, then the peer's variants; round 1: the variants in reverse, then ours; ...),
+and the page gives medians with their spread (min-max). The sides:
 
 - ours: train.py in a subprocess (--time-budget; base model; bf16 on CUDA,
   float32 on CPU; packed batches of --max-tokens token slots per side; the
@@ -23,8 +27,13 @@ scored with sacreBLEU and chrF. The two sides run one after the other:
   length-sorted batches of at most --max-tokens padded token slots per side in
   shuffled order, Adam(0.9, 0.98, 1e-9) (fused on CUDA) with the paper's
   schedule, label smoothing 0.1, bf16 autocast on CUDA (float32 on CPU), no
-  torch.compile; decoded with `generate(num_beams=1)`; glibc's malloc as it
-  comes, or with --peer-malloc kept keeping freed memory as train.py does.
+  torch.compile; decoded with `generate(num_beams=1)`; its process sets glibc's
+  malloc as train.py sets its own (train/runtime/host_memory.py; --peer-malloc
+  default: as it comes) and torch's threads to --threads. --peer-variants picks
+  the loops run, each "plain" or features joined by "+": fused (fused Adam on the
+  CPU too), buckets (widths padded to multiples of 8), compile (torch.compile, its
+  compile inside the budget), init (embeddings from N(0, d_model^-0.5)). The
+  variant with the lowest median final dev loss is the race's peer; all are reported.
 
 Both train the same SentencePiece BPE vocabulary (train.py's own
 `train_tokenizer`, same pairs and seed, so the same pieces), skip pairs longer
@@ -33,13 +42,17 @@ token) every --eval-every steps, inside their budgets.
 
 Reported per side: steps, real target tokens/s over the training loop, seconds
 from the start to the end of the first step, compile seconds, test BLEU and
-chrF, final dev loss, the steady-state rate (median over the second half of
-the steps, evaluations left out), and peak memory; for ours also the loop's host
+chrF (both sides' translations written to files beside the JSON and scored by
+the race alike, with sacreBLEU's signatures; the output/reference length ratio;
+a collapsed output, most lines empty or one line, flagged), final dev loss,
+the steady-state rate (median over the second half of the steps, evaluations
+left out), and peak memory; for ours also the loop's host
 time per step and the bare compiled step on the run's own batches
 (bare_step.py, run after the race: its rate and its MFU against a matmul peak
 measured beside it). Peak memory: on CUDA the allocator's peak bytes in
 use during training (JAX's peak_bytes_in_use, torch's max_memory_allocated), on
-CPU the side's process peak RSS over its whole run. Writes JSON (default
+CPU the side's process peak RSS over its whole run. The versions, threads, devices,
+allocator and matmul peak of every run are in the JSON. Writes JSON (default
 benchmarks/results/race_<device>.json), the same name with .md (the markdown
 page, also printed; --render-only RESULTS_JSON renders it again from the JSON)
 and .png (dev loss against wall time for both sides). The peer's code is in
@@ -49,31 +62,36 @@ race_peer.py.
 from __future__ import annotations
 
 import argparse
+import collections
 import filecmp
 import json
 import os
 import platform
-import resource
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import report, runner  # noqa: E402
-from benchmarks.race_peer import LABEL_SMOOTHING, PEER_TOKENIZER_FILE, run_peer  # noqa: E402
+from benchmarks.race_peer import (LABEL_SMOOTHING, PEER_TOKENIZER_FILE, PLAIN,  # noqa: E402
+                                  allocator_name, variant_features)
 from benchmarks.report import Report, Table  # noqa: E402
 from jax_transformer.train.runtime import host_memory  # noqa: E402
 from transformer_core.checkpoint_dir import TOKENIZER_FILE  # noqa: E402
 
 SIDES = ("ours", "peer")
-PEER_MALLOC = ("default", "kept")
-OURS_DIR = "ours"  # train.py's --workdir inside the race's
+PEER_MALLOC = ("equal", "default")
+PEER_VARIANTS = (PLAIN, "fused", "buckets", "compile", "init", "fused+buckets+compile+init")
+OURS_DIR = "ours"  # train.py's --workdir inside a run's
+COLLAPSED_SHARE = 0.5  # more of the lines empty or one same line: a collapsed output
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,9 +106,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cuda", "cpu"),
                    help="default: cuda if torch sees a GPU, else cpu")
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    p.add_argument("--peer-malloc", choices=PEER_MALLOC, default="default",
-                   help="the peer's process: glibc's malloc as a plain loop has it (default), "
-                        "or keeping freed memory as train.py does (train/runtime/host_memory.py)")
+    p.add_argument("--peer-malloc", choices=PEER_MALLOC, default="equal",
+                   help="the peer's process: glibc's malloc set as train.py sets its own "
+                        "(equal, the default: train/runtime/host_memory.py), or as a plain "
+                        "loop has it (default)")
+    p.add_argument("--peer-variants", nargs="+", default=list(PEER_VARIANTS),
+                   help="the peer's loops, each 'plain' or '+'-joined features of fused, "
+                        "buckets, compile, init (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each side (and peer variant), alternating ABBA")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="cores both sides' processes run on (the first N this process may "
+                        "use): torch's threads, XLA:CPU's pool (default: all, %(default)s)")
     g = p.add_argument_group("model and training, the same on both sides (default: the "
                              "paper's base model)")
     runner.add_model_args(g)
@@ -111,14 +138,80 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.time_budget <= 0:
         p.error("--time-budget must be positive")
+    if args.rounds < 1 or not 1 <= args.threads <= len(os.sched_getaffinity(0)):
+        p.error("--rounds must be at least 1, --threads between 1 and the cores available")
+    for variant in args.peer_variants:
+        try:
+            variant_features(variant)
+        except ValueError as error:
+            p.error(str(error))
     if args.workdir is not None and args.workdir.exists():
         p.error(f"--workdir {args.workdir} exists; the race needs a fresh one")
     return args
 
 
+# ----------------------------------------------------------------------------- a run
+
+def run_process(command: list[str], env: dict, log_path: Path, cores: set[int]
+                ) -> tuple[float, int]:
+    """Run `command` on `cores`, its output to `log_path`; (wall seconds, peak RSS bytes
+    of that process alone). Exits with the log's end if it fails."""
+    print(" ".join(command[1:]), flush=True)
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - started
+    if (code := os.waitstatus_to_exitcode(status)) != 0:
+        tail = log_path.read_text()[-3000:]
+        raise SystemExit(f"error: {command[1]} exited with {code}; the end of its log:\n{tail}")
+    return wall, usage.ru_maxrss * 1024  # Linux reports KiB
+
+
+def matmul_peak(args, cores: set[int]) -> float:
+    """FLOP/s of runner.MatmulPeak (JAX, float32 on a CPU, bf16 on CUDA), in a fresh
+    process on the runs' cores: the machine's state just before a run."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from benchmarks.runner import "
+            "MatmulPeak as M; print(M(M.default_size(sys.argv[2]), sys.argv[3]).measure())")
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), "gpu" if args.device == "cuda" else "cpu",
+         "bfloat16" if args.device == "cuda" else "float32"],
+        env={**os.environ, "JAX_PLATFORMS": args.device}, capture_output=True, text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, cores), check=True)
+    return float(result.stdout.split()[-1])
+
+
+def check_output(hypotheses: list[str], references: list[str], path: Path) -> dict:
+    """Write a side's test translations to `path` and score them: BLEU and chrF with
+    sacreBLEU's signatures (train.py's evaluation.translation_metrics, for both sides),
+    the output/reference length ratio (BLEU's tokens), and whether it collapsed: more
+    than COLLAPSED_SHARE of the lines empty or one same line."""
+    import sacrebleu
+    from jax_transformer.train.evaluation import translation_metrics
+    path.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses))
+    metrics = translation_metrics(hypotheses, references)
+    lengths = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references])
+    lines = [h.strip() for h in hypotheses]
+    empty = sum(not line for line in lines)
+    most_common = collections.Counter(line for line in lines if line).most_common(1)
+    repeated = most_common[0][1] if most_common else 0
+    share = (empty + repeated) / max(len(lines), 1)
+    return {"bleu": metrics["bleu"], "bleu_signature": metrics["bleu_signature"],
+            "chrf": metrics["chrf"], "chrf_signature": metrics["chrf_signature"],
+            "length_ratio": round(lengths.sys_len / max(lengths.ref_len, 1), 4),
+            "empty_lines": empty, "most_repeated_line": repeated,
+            "collapsed": share > COLLAPSED_SHARE, "translations": report.shown_path(path)}
+
+
+def test_set_references(args) -> list[str]:
+    from jax_transformer.data.corpora import read_parallel_text
+    return [t for _, t in read_parallel_text(args.test_src_path, args.test_tgt_path)[0]]
+
+
 # ----------------------------------------------------------------------------- ours
 
-def run_ours(args, workdir: Path) -> dict:
+def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
     """train.py with --time-budget in a subprocess; its eval.json and metrics.jsonl -> a row."""
     run_dir = workdir / OURS_DIR
     command = [sys.executable, str(ROOT / "train.py"), "--workdir", str(run_dir),
@@ -136,17 +229,11 @@ def run_ours(args, workdir: Path) -> dict:
                "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 ** 9),
                "--beam", "1", "--decode-batch-size", str(args.decode_batch_size),
                "--compile-cache", args.compile_cache or str(workdir / "xla-cache"),
+               "--samples", str(10 ** 9),  # eval.json keeps every test translation
                "--dev-bleu-sentences", "0", "--quiet", "--no-tensorboard"]
     env = {**os.environ, "JAX_PLATFORMS": args.device}
     log_path = workdir / "ours.log"
-    print(f"ours: {' '.join(command[1:])}", flush=True)
-    started = time.monotonic()
-    with open(log_path, "w") as log:
-        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall = time.monotonic() - started
-    if code != 0:
-        tail = log_path.read_text()[-3000:]
-        raise SystemExit(f"error: train.py exited with {code}; the end of its log:\n{tail}")
+    wall, peak_rss = run_process(command, env, log_path, cores)
     results = json.loads((run_dir / "eval.json").read_text())
     training = results["training"]
     offset = training["seconds_before_training"]  # the loop's `elapsed` counts from here
@@ -156,6 +243,9 @@ def run_ours(args, workdir: Path) -> dict:
     step_ends = {r["step"]: offset + r["elapsed"] for r in records if "loss" in r}
     dev_curve = [{"step": r["step"], "seconds": round(step_ends[r["step"]], 2),
                   "dev_loss": r["dev_loss"]} for r in records if "dev_loss" in r]
+    devices = re.search(r"(\d+) (\w+) device\(s\)", log_path.read_text())
+    output = check_output([sample["translation"] for sample in results["samples"]],
+                          [sample["reference"] for sample in results["samples"]], translations)
     return {"side": "ours", "what": "train.py (jax_transformer)",
             "command": command[1:], "steps": training["steps"],
             "stopped_by": training["stopped_by"],
@@ -168,11 +258,15 @@ def run_ours(args, workdir: Path) -> dict:
             "host_seconds_per_step": training["host_seconds_per_step"],
             "programs_compiled": training["compiled"]["programs"],
             "compile_cache_hits": training["compiled"]["cache_hits"],
-            "bleu": results["test"]["bleu"], "chrf": results["test"]["chrf"],
-            "dev_loss": results["dev"]["loss"], "dev_curve": dev_curve,
+            **output, "dev_loss": results["dev"]["loss"], "dev_curve": dev_curve,
             "peak_memory_bytes": (training["peak_device_memory_bytes"] if args.device == "cuda"
-                                  else runner.peak_rss_bytes(resource.RUSAGE_CHILDREN)),
-            "wall_seconds": round(wall, 1), "log": str(log_path)}
+                                  else peak_rss),
+            "wall_seconds": round(wall, 1), "log": str(log_path),
+            "environment": {
+                "threads": len(cores),  # XLA:CPU sizes its pool by the cores it may use
+                "devices": f"{devices[1]} {devices[2]}" if devices else None,
+                "allocator": allocator_name(host_memory.wanted(env)),  # train.py's own rule
+                "versions": runner.versions("jax", "jaxlib", "flax", "optax")}}
 
 
 def steady_rate(records: list[dict], eval_every: int) -> float | None:
@@ -196,6 +290,70 @@ def bare_step(train_flags: list[str], workdir: Path, env: dict) -> dict:
     if result.returncode != 0:
         raise SystemExit(f"error: bare_step.py exited with {result.returncode}; see {log_path}")
     return json.loads(result.stdout.splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- the peer
+
+def run_peer(args, variant: str, workdir: Path, translations: Path, cores: set[int]) -> dict:
+    """race_peer.py in a subprocess, on `cores`; its row, its output checked."""
+    settings = workdir / "race-settings.json"
+    settings.write_text(json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                    for k, v in vars(args).items()}))
+    row_path = workdir / "peer.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "race_peer.py"),
+               "--settings", str(settings), "--variant", variant, "--workdir", str(workdir),
+               "--out", str(row_path), "--translations", str(translations)]
+    # JAX_PLATFORMS: host_memory's rule, as train.py's process applies it
+    env = {**os.environ, "JAX_PLATFORMS": args.device}
+    wall, peak_rss = run_process(command, env, workdir / "peer.log", cores)
+    row = json.loads(row_path.read_text())
+    hypotheses = translations.read_text().splitlines()
+    row.update(check_output(hypotheses, test_set_references(args), translations))
+    row["peak_memory_bytes"] = row.pop("peak_device_memory_bytes") or peak_rss
+    row["wall_seconds"] = round(wall, 1)
+    return row
+
+
+# ----------------------------------------------------------------------------- rounds
+
+def run_order(rounds: int, variants: list[str], sides: list[str]) -> list[tuple[int, str]]:
+    """(round, "ours" or a peer variant) in running order: ABBA, round 0 ours first, round
+    1 the variants in reverse and ours last, and so on."""
+    contenders = (["ours"] if "ours" in sides else []) + (variants if "peer" in sides else [])
+    return [(i, who) for i in range(rounds)
+            for who in (contenders if i % 2 == 0 else contenders[::-1])]
+
+
+FIGURES = ("steps", "tgt_tokens_per_s", "tgt_tokens_per_step", "first_step_seconds",
+           "training_seconds", "compile_seconds", "programs_compiled", "compile_cache_hits",
+           "steady_tgt_tokens_per_s", "host_seconds_per_step", "bleu", "chrf", "length_ratio",
+           "dev_loss", "peak_memory_bytes", "wall_seconds", "matmul_peak_flops_per_s")
+
+
+def median_of(values: list) -> float | None:
+    """The median of the known values; of counts (ints), the lower one: a count."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return (statistics.median_low if all(isinstance(v, int) for v in known)
+            else statistics.median)(known)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """One contender's runs as one row: the first run's row with each figure (and the bare
+    step's) the median over the runs, "spread" each figure's [min, max], "runs" the count."""
+    summary = {**rows[0], "runs": len(rows), "spread": {}}
+    for name in FIGURES:
+        values = [row.get(name) for row in rows]
+        summary[name] = median_of(values)
+        known = [v for v in values if v is not None]
+        summary["spread"][name] = [min(known), max(known)] if known else None
+    if rows[0].get("bare_step"):
+        summary["bare_step"] = {k: median_of([row["bare_step"][k] for row in rows])
+                                for k, v in rows[0]["bare_step"].items()
+                                if isinstance(v, (int, float))}
+    summary["collapsed_runs"] = sum(row["collapsed"] for row in rows)
+    return summary
 
 
 # ----------------------------------------------------------------------------- report
@@ -228,10 +386,11 @@ def describe(result: dict) -> Report:
                      if row.get("bare_step") else None, ",.0f")] for row in sides]
     tokenizers = {True: "byte-identical", False: "different",
                   None: "not compared (one side ran)"}[result["same_tokenizer"]]
+    rounds = rounds_part(result) if "runs" in result else ([], [])
     return Report(
         title="The race: train.py against Hugging Face Marian",
         script="benchmarks/race.py",
-        notes=[f"Each side trained for {result['time_budget']:g} s of wall time from its "
+        notes=[*rounds[0], f"Each side trained for {result['time_budget']:g} s of wall time from its "
                f"start, then greedy-decoded the test set. The two sides' SentencePiece "
                f"models: {tokenizers}. Memory: {result['memory']}. The dev loss against "
                "wall time is plotted in the .png of the same name.",
@@ -250,11 +409,71 @@ def describe(result: dict) -> Report:
                        "dev losses on the way"), training, align="llrrrrrr"),
                 Table(("side", "steady-state real target tokens/s", "bare step's (same batches)",
                        "steady / bare", "host s per step", "bare step's MFU",
-                       "matmul peak (GFLOP/s)"), steps, align="lrrrrrr")],
+                       "matmul peak (GFLOP/s)"), steps, align="lrrrrrr"),
+                *rounds[1]],
         settings={k: v for k, v in result["settings"].items()
                   if k not in ("out", "render_only")},
         device=f"{result['device_name']} (--device {result['device']}).",
         versions=result["versions"])
+
+
+def rounds_part(result: dict) -> tuple[list[str], list[Table]]:
+    """The notes and tables of a run with rounds and peer variants (results before
+    2026-12 had neither): medians and spread, each run, the footing, the output."""
+    def spread(row, name, form, scale=1):
+        if row[name] is None:
+            return "-"
+        low, high = (value / scale for value in row["spread"][name])
+        middle = row[name] / scale
+        return (format(middle, form) if row["runs"] == 1
+                else f"{middle:{form}} ({low:{form}}-{high:{form}})")
+
+    contenders = ([result["sides"]["ours"]] if "ours" in result["sides"] else []) + list(
+        result["peer_variants"].values())
+    best = result["best_peer_variant"]
+    medians = [[row["what"] + (" **(the race's peer)**" if row.get("variant") == best
+                               and best is not None else ""), row["runs"],
+                spread(row, "tgt_tokens_per_s", ",.0f"),
+                spread(row, "steady_tgt_tokens_per_s", ",.0f"),
+                spread(row, "first_step_seconds", ".1f"), spread(row, "dev_loss", ".3f"),
+                spread(row, "bleu", ".1f"), spread(row, "chrf", ".1f"),
+                spread(row, "length_ratio", ".2f"),
+                spread(row, "matmul_peak_flops_per_s", ",.0f", 1e9)]
+               for row in contenders]
+    runs = [[row["position"] + 1, row["round"], row["what"], f"{row['steps']:,}",
+             f"{row['tgt_tokens_per_s']:,.0f}", f"{row['dev_loss']:.3f}",
+             f"{row['bleu']:.1f}", f"{row['chrf']:.1f}", f"{row['length_ratio']:.2f}",
+             "**collapsed**" if row["collapsed"] else "no",
+             f"{row['matmul_peak_flops_per_s'] / 1e9:,.0f}", row["translations"]]
+            for row in result["runs"]]
+    footing = [[row["what"], row["environment"]["threads"], row["environment"]["devices"],
+                row["environment"]["allocator"],
+                ", ".join(f"{k} {v}" for k, v in row["environment"]["versions"].items())]
+               for row in {row["what"]: row for row in result["runs"]}.values()]
+    signatures = sorted({(row["bleu_signature"], row["chrf_signature"])
+                         for row in result["runs"]})
+    collapsed = [f"round {row['round']}, {row['what']}" for row in result["runs"]
+                 if row["collapsed"]]
+    notes = [f"{result['rounds']} round(s) of every contender, alternating (ABBA), each run "
+             "a process of its own on the same cores, a matmul peak measured just before "
+             "it; figures are medians (min-max over the rounds). The race's peer is the "
+             "variant with the lowest median final dev loss"
+             + (f": {best}." if best else "."),
+             "Scores: " + "; ".join(f"BLEU `{b}`, chrF `{c}`" for b, c in signatures)
+             + ". Length ratio: the output's BLEU tokens over the references'. A collapsed "
+             f"output has over {COLLAPSED_SHARE:.0%} of its lines empty or one same line."]
+    if collapsed:
+        notes.append("**Collapsed output** (its BLEU says nothing of the model): "
+                     + "; ".join(collapsed) + ".")
+    return notes, [
+        Table(("contender", "rounds", "real target tokens/s", "steady-state tokens/s",
+               "first step (s)", "dev loss", "BLEU", "chrF", "length ratio",
+               "matmul peak (GFLOP/s)"), medians, align="lrrrrrrrrr"),
+        Table(("run", "round", "contender", "steps", "real target tokens/s", "dev loss",
+               "BLEU", "chrF", "length ratio", "collapsed", "matmul peak (GFLOP/s)",
+               "test translations"), runs, align="rrlrrrrrrlrl"),
+        Table(("contender", "threads", "devices", "allocator", "versions"), footing,
+              align="lrlll")]
 
 
 def plot_dev_loss(result: dict, path: Path) -> None:
@@ -262,10 +481,11 @@ def plot_dev_loss(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for row in result["sides"].values():  # the periodic dev losses, then the final one
+    for row in result.get("runs", result["sides"].values()):  # dev losses, then the final
         curve = [(p["seconds"], p["dev_loss"]) for p in row["dev_curve"]]
         curve.append((row["training_seconds"], row["dev_loss"]))
-        ax.plot(*zip(*curve), marker="o", markersize=3, label=row["what"])
+        label = row["what"] + (f", round {row['round']}" if "round" in row else "")
+        ax.plot(*zip(*curve), marker="o", markersize=3, label=label)
     ax.axvline(result["time_budget"], color="grey", linestyle="--", label="time budget")
     ax.set_xlabel("wall seconds since the side's start")
     ax.set_ylabel("dev loss (label-smoothed, per target token)")
@@ -287,41 +507,56 @@ def main(argv=None) -> dict:
     if (rendered := report.render_only(argv, describe)) is not None:
         return rendered
     args = parse_args(argv)
-    if args.peer_malloc == "kept" and not host_memory.keep_freed_memory():  # before torch's threads
-        raise SystemExit("error: --peer-malloc kept needs glibc, no malloc setting in "
-                         f"GLIBC_TUNABLES, no {host_memory.ENVIRONMENT_VARIABLE}=0, and a "
-                         "CPU run (JAX_PLATFORMS=cpu where an accelerator plugin is installed)")
     import torch
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = args.out or ROOT / "benchmarks" / "results" / f"race_{args.device}.json"
+    translations = out.with_suffix(".translations")  # the runs' test outputs, kept
+    translations.mkdir(parents=True, exist_ok=True)
+    cores = set(sorted(os.sched_getaffinity(0))[:args.threads])
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="race-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    runs, run_dirs = [], {}
     try:
-        sides = {}
-        for side in args.sides:
-            sides[side] = (run_ours if side == "ours" else run_peer)(args, workdir)
-            if side == "peer" and args.peer_malloc == "kept":
-                sides[side]["what"] += ", glibc keeping freed memory"
-            print(f"{side}: " + json.dumps({k: v for k, v in sides[side].items()
+        for position, (i, who) in enumerate(run_order(args.rounds, args.peer_variants,
+                                                      args.sides)):
+            name = f"round{i}-{'ours' if who == 'ours' else 'peer-' + who}"
+            run_dirs.setdefault("ours" if who == "ours" else "peer", workdir / name)
+            (workdir / name).mkdir()
+            peak = matmul_peak(args, cores)
+            row = (run_ours if who == "ours" else partial(run_peer, variant=who))(
+                args, workdir=workdir / name, translations=translations / f"{name}.txt",
+                cores=cores)
+            runs.append({**row, "round": i, "position": position,
+                         "matmul_peak_flops_per_s": peak})
+            print(f"{name}: " + json.dumps({k: v for k, v in row.items()
                                             if k not in ("dev_curve", "command")}), flush=True)
-        same_tokenizer = (filecmp.cmp(workdir / OURS_DIR / TOKENIZER_FILE,
-                                      workdir / PEER_TOKENIZER_FILE, shallow=False)
-                          if set(args.sides) == set(SIDES) else None)
+        same_tokenizer = (filecmp.cmp(run_dirs["ours"] / OURS_DIR / TOKENIZER_FILE,
+                                      run_dirs["peer"] / PEER_TOKENIZER_FILE, shallow=False)
+                          if set(run_dirs) == set(SIDES) else None)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir)
+    peer_variants = {variant: summarize([r for r in runs if r.get("variant") == variant])
+                     for variant in args.peer_variants if "peer" in args.sides}
+    best = min(peer_variants, key=lambda v: peer_variants[v]["dev_loss"], default=None)
+    sides = ({"ours": summarize([r for r in runs if r["side"] == "ours"])}
+             if "ours" in args.sides else {})
+    if best is not None:
+        sides["peer"] = peer_variants[best]
     result = {"device": args.device, "device_name": device_name(args.device),
-              "time_budget": args.time_budget,
+              "time_budget": args.time_budget, "rounds": args.rounds,
               "versions": runner.versions("jax", "torch", "transformers"),
               "settings": {k: (str(v) if isinstance(v, Path) else v)
                            for k, v in vars(args).items()},
               "same_tokenizer": same_tokenizer,  # byte-identical SentencePiece models
               "memory": ("allocator peak bytes in use during training" if args.device == "cuda"
                          else "peak RSS of the side's process over its whole run"),
-              "sides": sides}
-    out = args.out or ROOT / "benchmarks" / "results" / f"race_{args.device}.json"
+              "best_peer_variant": best,  # the lowest median final dev loss
+              "sides": sides, "peer_variants": peer_variants, "runs": runs}
     page = report.write_results(result, out, describe)
     plot_dev_loss(result, out.with_suffix(".png"))
-    print(page + f"saved {out}, {report.markdown_path(out)}, {out.with_suffix('.png')}")
+    print(page + f"saved {out}, {report.markdown_path(out)}, {out.with_suffix('.png')}, "
+          f"{translations}/")
     return result
 
 

@@ -169,15 +169,38 @@ def race_side(what, steps, bleu, programs) -> dict:
 
 
 def race_result() -> dict:
+    """A race of 2 rounds: ours and two peer variants, the second collapsed in round 1."""
+    def run(row, round_, position, tokens_per_s, collapsed=False):
+        return {**row, "round": round_, "position": position,
+                "tgt_tokens_per_s": tokens_per_s, "matmul_peak_flops_per_s": 301.2e9,
+                "length_ratio": 0.9876, "collapsed": collapsed, "translations": f"t/{position}.txt",
+                "bleu_signature": "nrefs:1|tok:13a|v:2.5.1", "chrf_signature": "nrefs:1|c:6"}
+    ours = {**race_side("train.py (jax_transformer)", 1234, 31.84, 7), "side": "ours",
+            "host_seconds_per_step": 0.0123,
+            "bare_step": {"tgt_tokens_per_s": 4400.0, "mfu": 0.4567,
+                          "matmul_peak_flops_per_s": 191.4e9},
+            "environment": {"threads": 2, "devices": "2 cpu", "allocator": "kept heap",
+                            "versions": {"jax": "0.10.2"}}}
+    peers = {variant: {**race_side(f"Marian ({variant})", 4838, 32.61, 0), "side": "peer",
+                       "variant": variant,
+                       "environment": {"threads": 2, "devices": "1 cpu",
+                                       "allocator": "kept heap",
+                                       "versions": {"torch": "2.13.0"}}}
+             for variant in ("plain", "fused+buckets")}
+    runs = [run(ours, 0, 0, 3800.0), run(peers["plain"], 0, 1, 2000.0),
+            run(peers["fused+buckets"], 0, 2, 2600.0),
+            run(peers["fused+buckets"], 1, 3, 2800.0, collapsed=True),
+            run(peers["plain"], 1, 4, 2100.0), run(ours, 1, 5, 4000.0)]
+    contenders = {"ours": race.summarize(runs[0::5])}
+    variants = {v: race.summarize([r for r in runs if r.get("variant") == v]) for v in peers}
     return {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "time_budget": 600.0,
+            "rounds": 2,
             "versions": {"jax": "0.10.2", "torch": "2.13.0", "transformers": "5.23.0"},
             "settings": {"d_model": 512, "sides": ["ours", "peer"], "compile_cache": None},
             "same_tokenizer": True, "memory": "allocator peak bytes in use during training",
-            "sides": {"ours": {**race_side("train.py (jax_transformer)", 1234, 31.84, 7),
-                               "host_seconds_per_step": 0.0123,
-                               "bare_step": {"tgt_tokens_per_s": 4400.0, "mfu": 0.4567,
-                                             "matmul_peak_flops_per_s": 191.4e9}},
-                      "peer": race_side("Hugging Face MarianMTModel", 4838, 32.61, 0)}}
+            "best_peer_variant": "fused+buckets",
+            "sides": {**contenders, "peer": variants["fused+buckets"]},
+            "peer_variants": variants, "runs": runs}
 
 
 def compile_result() -> dict:
@@ -300,13 +323,18 @@ PAGES = {
         "one device", "two devices", "JAX_NUM_CPU_DEVICES=2", "1.344", "1.180", "0.88x",
         "rounds", "5", "train_flags", "--max-tokens 4096", "jax", "0.10.2"), ("Intel Xeon",)),
     "race": (race, race_result, (
-        "train.py (jax_transformer)", "Hugging Face MarianMTModel", "1,234", "4,838", "3,814",
+        "train.py (jax_transformer)", "Marian (plain)", "1,234", "4,838", "3,900",
         "20.0", "13.9", "31.8", "32.6", "51.3", "2.346", "3.00", "peak device memory (GiB)",
         "time_budget", "4,048", "60.8", "94.1", "7", "2", "1", "sides", "ours peer",
         "compile_cache", "-", "transformers", "5.23.0", "4,321", "4,400", "98.2%", "0.0123",
-        "45.7%", "191"), (
+        "45.7%", "191", "3,900 (3,800-4,000)", "2,050 (2,000-2,100)", "2,700 (2,600-2,800)",
+        "Marian (fused+buckets) **(the race's peer)**", "0.99 (0.99-0.99)", "**collapsed**",
+        "t/3.txt", "301", "2 cpu", "1 cpu", "kept heap", "jax 0.10.2", "torch 2.13.0"), (
         "600 s of wall time", "byte-identical", "allocator peak bytes",
-        "NVIDIA H100 80GB HBM3 (--device cuda)")),
+        "NVIDIA H100 80GB HBM3 (--device cuda)", "2 round(s)", "lowest median final dev "
+        "loss: fused+buckets.", "BLEU `nrefs:1|tok:13a|v:2.5.1`, chrF `nrefs:1|c:6`",
+        "**Collapsed output** (its BLEU says nothing of the model): round 1, Marian "
+        "(fused+buckets).")),
 }
 
 
@@ -484,23 +512,96 @@ def write_natural_corpus(directory: Path) -> list[str]:
     return flags
 
 
-@pytest.mark.slow  # two training subprocesses, 30 s each
+def test_race_alternates_its_contenders_abba():
+    assert race.run_order(3, ["plain", "fused"], ["ours", "peer"]) == [
+        (0, "ours"), (0, "plain"), (0, "fused"), (1, "fused"), (1, "plain"), (1, "ours"),
+        (2, "ours"), (2, "plain"), (2, "fused")]
+    assert race.run_order(2, ["plain"], ["peer"]) == [(0, "plain"), (1, "plain")]
+
+
+def test_race_writes_the_output_and_flags_a_collapsed_one(tmp_path):
+    references = [f"the {word} house is small" for word in
+                  ("red", "blue", "old", "new", "big", "tall", "long", "dark", "warm", "cold")]
+    varied = race.check_output(references[::-1], references, tmp_path / "varied.txt")
+    assert (tmp_path / "varied.txt").read_text().splitlines() == references[::-1]
+    assert not varied["collapsed"] and varied["length_ratio"] == 1.0
+    assert varied["bleu_signature"].startswith("nrefs:1") and "chrf_signature" in varied
+    # 4 empty lines and 3 copies of one line: 7 of 10
+    collapsed = race.check_output(["", "", "", "", "the the", "the the", "the the",
+                                   *references[:3]], references, tmp_path / "collapsed.txt")
+    assert collapsed["collapsed"] and collapsed["empty_lines"] == 4
+    assert collapsed["most_repeated_line"] == 3 and collapsed["length_ratio"] < 0.5
+    assert collapsed["bleu"] < varied["bleu"]
+
+
+def test_race_peer_variants():
+    from benchmarks import race_peer
+    assert race_peer.variant_features("plain") == frozenset()
+    assert race_peer.variant_features("fused+init") == {"fused", "init"}
+    for bad in ("fast", "fused+fused", ""):
+        with pytest.raises(ValueError):
+            race_peer.variant_features(bad)
+    lengths = [3, 5, 9, 12, 17, 17, 30, 31]  # buckets: widths padded to multiples of 8
+    src = [[7] * n for n in lengths]
+    tgt = [[7] * (n + 1) for n in lengths]
+    batches = race_peer.token_budget_batches(src, tgt, 64, race_peer.WIDTH_MULTIPLE)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        inputs, labels = race_peer.peer_batch(batch, src, tgt, race_peer.WIDTH_MULTIPLE)
+        assert inputs["input_ids"].shape[1] % 8 == 0 and labels.shape[1] % 8 == 0
+        assert labels.numel() <= 64
+    shapes = [race_peer.peer_batch(b, src, tgt, 8)[1].shape for b in batches]
+    assert sorted(map(tuple, shapes)) == [(2, 8), (2, 16), (2, 24), (2, 32)]  # one width each
+
+
+def test_race_peer_init_variant_draws_embeddings_at_d_model_to_the_minus_half():
+    from argparse import Namespace
+    from benchmarks import race_peer
+    args = Namespace(d_model=64, layers=1, heads=2, d_ff=64, dropout=0.0, max_len=16)
+    plain = race_peer.marian(args, 500).get_input_embeddings().weight.detach()
+    paper = race_peer.marian(args, 500, paper_init=True).get_input_embeddings().weight.detach()
+    assert float(plain.std()) == pytest.approx(0.02, rel=0.1)
+    assert float(paper.std()) == pytest.approx(64 ** -0.5, rel=0.1)
+    assert not paper[race_peer.PAD_ID].any()
+
+
+def test_race_summarizes_rounds_as_medians_with_their_spread():
+    result = race_result()
+    ours = result["sides"]["ours"]
+    assert ours["runs"] == 2 and ours["tgt_tokens_per_s"] == 3900.0
+    assert ours["spread"]["tgt_tokens_per_s"] == [3800.0, 4000.0]
+    assert result["peer_variants"]["fused+buckets"]["collapsed_runs"] == 1
+
+
+@pytest.mark.slow  # four training subprocesses, 30 s each
 def test_race_smoke(tmp_path):
     """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
-    step included. Ours compiles its steps in that time unless the pytest compilation
-    cache (conftest.py) has them: up to ~20 s cold on a loaded 2-core machine, so even a
-    cold run trains some steps."""
+    step included, 2 rounds of ours and one peer variant. Ours compiles its steps in that
+    time unless the pytest compilation cache (conftest.py) has them: up to ~20 s cold on
+    a loaded 2-core machine, so even a cold run trains some steps."""
     out = tmp_path / "race.json"
     race = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "race.py"), *write_natural_corpus(tmp_path),
          "--time-budget", "30", "--device", "cpu", "--d-model", "32", "--heads", "2",
          "--d-ff", "64", "--layers", "1", "--dropout", "0", "--vocab-size", "300",
          "--max-len", "96", "--max-tokens", "1536", "--warmup", "20", "--eval-every", "5",
+         "--rounds", "2", "--peer-variants", "fused+buckets+init",
          "--compile-cache", os.environ["JAX_COMPILATION_CACHE_DIR"], "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+        capture_output=True, text=True, timeout=600)
     assert race.returncode == 0, race.stdout[-3000:] + race.stderr[-3000:]
     result = json.loads(out.read_text())
     assert set(result["sides"]) == {"ours", "peer"} and result["same_tokenizer"]
+    assert result["best_peer_variant"] == "fused+buckets+init"
+    assert [(run["round"], run["side"]) for run in result["runs"]] == [
+        (0, "ours"), (0, "peer"), (1, "peer"), (1, "ours")]
+    for run in result["runs"]:  # each run's footing and output, recorded
+        environment = run["environment"]
+        assert environment["threads"] == len(os.sched_getaffinity(0))
+        assert "keeping freed memory" in environment["allocator"]
+        assert environment["devices"] and environment["versions"]
+        assert run["matmul_peak_flops_per_s"] > 0 and run["length_ratio"] > 0
+        assert len((ROOT / run["translations"]).read_text().splitlines()) == 20
+    assert all(run["environment"]["devices"].endswith(" cpu") for run in result["runs"])
     for side in result["sides"].values():
         assert all(side.get(field) is not None for field in RACE_FIELDS), side
         assert side["steps"] > 0 and side["stopped_by"] == "time_budget"
