@@ -318,7 +318,7 @@ def run_peer(args, variant: str, workdir: Path, translations: Path) -> dict:
                                  for b in train_batches}),
             "environment": {"threads": torch.get_num_threads(),
                             "interop_threads": torch.get_num_interop_threads(),
-                            "devices": [str(device)],
+                            "devices": f"1 {device.type}",  # as ours: "<count> <platform>"
                             "versions": runner.versions("torch", "transformers")}}
 
 

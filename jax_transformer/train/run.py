@@ -94,10 +94,24 @@ class TrainingRun:
             raise disk_full.stopped(Path(self.settings.train.workdir),
                                     getattr(self, "checkpointer", None)) from None
 
+    def cache_deadlocks(self) -> bool:
+        """Whether this run's programs must not come from the compilation cache, said in
+        one line: with --fsdp on the CPU, a step that XLA:CPU (jaxlib 0.10.2) loads from
+        the cache can deadlock in its devices' collectives until XLA aborts the process
+        (a scanned 2+2-layer model at --fsdp 4 on 8 devices, 20 steps: 8 of 9 runs
+        loaded from the cache, none of those compiled afresh)."""
+        settings = self.settings.train
+        if settings.fsdp == 1 or settings.compile_cache is None or jax.default_backend() != "cpu":
+            return False
+        log("compilation cache: off, as with --no-compile-cache: with --fsdp on the CPU, "
+            "programs loaded from it can deadlock (docs/training.md)")
+        return True
+
     def _run(self) -> dict:
         settings = self.settings.train
         self.compile_cache = compiling.use_compilation_cache(
-            settings.compile_cache, warn=log, default=default_compile_cache())
+            None if self.cache_deadlocks() else settings.compile_cache, warn=log,
+            default=default_compile_cache())
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
         self.workdir, lock = (open_workdir(settings.workdir) if self.primary
