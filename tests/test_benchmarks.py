@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
-                        bench_init_from,
-                        bench_serve, bench_train, finishing, race, report, step_variants)
+                        bench_init_from, bench_serve, bench_train, bench_train_compile,
+                        finishing, race, report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -393,7 +393,8 @@ def test_committed_pages_are_rendered_from_their_results(results):
               "data": bench_data,
               "race": race, "compile": bench_compile, "serve": bench_serve,
               "step": step_variants, "finishing": finishing,
-              "fsdp": bench_fsdp, "init": bench_init_from}[results.stem.split("_")[0]]
+              "fsdp": bench_fsdp, "init": bench_init_from,
+              "startup": bench_train_compile}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -427,6 +428,22 @@ def test_bench_init_from_smoke(tmp_path):
     assert split["first_loss"] == data_parallel["first_loss"]  # on as many devices: exact
     np.testing.assert_allclose(split["first_loss"], whole["first_loss"], rtol=1e-6)
     assert_cells(out.with_suffix(".md").read_text(), repr(split["first_loss"]))
+
+
+@pytest.mark.slow  # a subprocess; see pyproject.toml
+def test_bench_train_compile_smoke(tmp_path):
+    out = tmp_path / "startup.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_train_compile.py"),
+                    "--layers", "1", "--devices", "1", "--scan", "on", "--rounds", "1",
+                    "--out", str(out)], check=True, capture_output=True, text=True,
+                   timeout=600, env={**os.environ, **CPU_ONLY})
+    result = json.loads(out.read_text())
+    [row] = result["results"]
+    assert (row["layers"], row["devices"], row["scan"]) == (1, 1, "on")
+    assert 0 < row["train_step_compile_seconds"] < row["compile_ahead_seconds"]
+    assert row["compile_ahead_seconds"] < row["seconds_before_training"]
+    assert row["first_step_seconds"] > 0 and result["import_seconds"][0] > 0
+    assert_cells(out.with_suffix(".md").read_text(), f"{row['train_step_compile_seconds']:.1f}")
 
 
 @pytest.mark.slow  # a subprocess; see pyproject.toml
