@@ -154,15 +154,8 @@ def describe(result: dict) -> Report:
 
 
 def main(argv=None) -> dict:
-    rendered = report.render_only(argv, describe)
-    if rendered is not None:
-        return rendered
-    args = parse_args(argv)
-    result = measure(args)
-    path = args.out or RESULTS / "init_from_fsdp.json"
-    print(report.write_results(result, path, describe), end="")
-    print(f"saved {path}")
-    return result
+    return report.run_benchmark(argv, parse_args, measure, describe,
+                                RESULTS / "init_from_fsdp.json")
 
 
 if __name__ == "__main__":

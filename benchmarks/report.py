@@ -109,6 +109,22 @@ def add_output_args(parser: argparse.ArgumentParser, out_help: str, **out_option
                              "results file beside it (the other flags are ignored)")
 
 
+def run_benchmark(argv: Sequence[str] | None, parse_args: Callable, measure: Callable,
+                  describe: Describe, default_path: Path) -> dict:
+    """A benchmark's main: --render-only RESULTS_JSON renders its page again; else parse
+    `argv`, measure, write the results (to --out or `default_path`) and their page,
+    print the page."""
+    rendered = render_only(argv, describe)
+    if rendered is not None:
+        return rendered
+    args = parse_args(argv)
+    result = measure(args)
+    path = args.out or default_path
+    print(write_results(result, path, describe), end="")
+    print(f"saved {path}")
+    return result
+
+
 def render_only(argv: Sequence[str] | None, describe: Describe) -> dict | None:
     """With --render-only RESULTS_JSON in `argv`: write that file's markdown page, print
     it and return the results; else None. Read before the script's own parser, whose
