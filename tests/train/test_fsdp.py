@@ -149,7 +149,6 @@ def test_eight_devices_train_alike_at_every_fsdp_and_each_holds_its_share():
 MEMORY_SCRIPT = textwrap.dedent("""
     import json
     import jax
-    import jax.numpy as jnp
     from flax import nnx
     from jax_transformer import scanned
     from jax_transformer.model import build_model
@@ -165,9 +164,9 @@ MEMORY_SCRIPT = textwrap.dedent("""
         trainer = Trainer(model, make_optimizer(paper_schedule(128, 4)), mesh=make_mesh(8))
         compiled = trainer.train_step.lower(trainer.initial_state,
                                             trainer.batch_spec((8, 16, 16))).compile()
-        state = trainer.initial_state.params
+        params = trainer.initial_state.params
         return {"temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
-                "param_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(state))}
+                "param_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(params))}
 
     print(json.dumps({layers: step_memory(layers) for layers in (2, 6)}))
 """)
