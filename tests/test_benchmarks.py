@@ -614,7 +614,9 @@ def test_race_smoke(tmp_path):
         assert environment["threads"] == len(os.sched_getaffinity(0))
         assert "keeping freed memory" in environment["allocator"]
         assert environment["devices"] and environment["versions"]
-        assert run["matmul_peak_flops_per_s"] > 0 and run["length_ratio"] > 0
+        assert run["matmul_peak_flops_per_s"] > 0
+        # 30 s of a tiny model may translate every line as nothing: flagged as collapsed
+        assert run["length_ratio"] > 0 or (run["collapsed"] and run["empty_lines"] == 20)
         assert len((ROOT / run["translations"]).read_text().splitlines()) == 20
     assert all(run["environment"]["devices"].endswith(" cpu") for run in result["runs"])
     for side in result["sides"].values():
