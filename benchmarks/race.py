@@ -41,7 +41,8 @@ than --max-len tokens, and measure the dev loss (label-smoothed, per real target
 token) every --eval-every steps, inside their budgets.
 
 Reported per side: steps, real target tokens/s over the training loop, seconds
-from the start to the end of the first step, compile seconds, test BLEU and
+from the process's start (its imports included) to the end of the first step,
+compile seconds, test BLEU and
 chrF (both sides' translations written to files beside the JSON and scored by
 the race alike, with sacreBLEU's signatures; the output/reference length ratio;
 a collapsed output, most lines empty or one line, flagged), final dev loss,
@@ -240,9 +241,11 @@ def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     bare = bare_step(command[2:], workdir, env)
     steady = steady_rate(records, args.eval_every)
-    step_ends = {r["step"]: offset + r["elapsed"] for r in records if "loss" in r}
-    dev_curve = [{"step": r["step"], "seconds": round(step_ends[r["step"]], 2),
-                  "dev_loss": r["dev_loss"]} for r in records if "dev_loss" in r]
+    step_starts = {r["step"]: offset + r["elapsed"] for r in records if "loss" in r}
+    # the dev loss after step N: at the next step's start (its evaluation included)
+    dev_curve = [{"step": r["step"], "seconds": round(step_starts.get(r["step"] + 1, max(
+                      step_starts.values())), 2), "dev_loss": r["dev_loss"]}
+                 for r in records if "dev_loss" in r]
     devices = re.search(r"(\d+) (\w+) device\(s\)", log_path.read_text())
     output = check_output([sample["translation"] for sample in results["samples"]],
                           [sample["reference"] for sample in results["samples"]], translations)
@@ -251,8 +254,8 @@ def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
             "stopped_by": training["stopped_by"],
             "tgt_tokens_per_s": training["tgt_tokens_per_s"],
             "tgt_tokens_per_step": training["tgt_tokens_per_batch"],
-            "first_step_seconds": round(step_ends[1], 2) if 1 in step_ends else None,
-            "training_seconds": round(max(step_ends.values(), default=offset), 2),
+            "first_step_seconds": training["first_step_done_seconds"],
+            "training_seconds": round(max(step_starts.values(), default=offset), 2),
             "compile_seconds": training["compile_ahead_seconds"],
             "steady_tgt_tokens_per_s": steady, "bare_step": bare,
             "host_seconds_per_step": training["host_seconds_per_step"],

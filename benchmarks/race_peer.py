@@ -30,6 +30,7 @@ from benchmarks import runner  # noqa: E402
 from jax_transformer.data.encoding import train_tokenizer  # noqa: E402
 from jax_transformer.data.corpora import holdout_split, read_parallel_text  # noqa: E402
 from jax_transformer.train.runtime import host_memory  # noqa: E402
+from jax_transformer.train.runtime.process_clock import process_seconds  # noqa: E402
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 LABEL_SMOOTHING = 0.1  # both sides'
@@ -241,7 +242,7 @@ def train_until(deadline: float, started: float, model, batches, dev_batches, ar
             loss_sum.item()  # waits for the step, as train.py does to log its loss
             step, trained_tokens = step + 1, trained_tokens + tokens
             step_rates.append(tokens / (time.monotonic() - step_started))
-            first_step_seconds = first_step_seconds or time.monotonic() - started
+            first_step_seconds = first_step_seconds or process_seconds()
             if step % args.eval_every == 0:
                 dev_curve.append({"step": step,
                                   "seconds": round(time.monotonic() - started, 2),

@@ -269,7 +269,8 @@ class TrainingRun:
         report = training_report(
             self.batches["train"], steps=step - start_step, compiled_before=compiled_before,
             ahead_seconds=ahead_seconds, seconds=time.time() - started, real_tokens=real_tokens,
-            seconds_before_training=seconds_before_training, stopped_by=stops.stopped_by(),
+            seconds_before_training=seconds_before_training,
+            first_step_done=late.first_step_done, stopped_by=stops.stopped_by(),
             host_seconds=host_seconds, data_bytes=self.data.split_bytes("train"))
         log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
             f"tokens/s; compiling: {report['compiled']}")

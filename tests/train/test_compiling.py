@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,7 +38,11 @@ def compile_log(log: str) -> tuple[list[str], int]:
 
 def test_a_resumed_run_compiles_nothing(tmp_path):
     cache = tmp_path / "xla"
+    started = time.monotonic()
     first, log = train(tmp_path / "run", cache, "--steps", "4")
+    wall = time.monotonic() - started
+    # The first step ends after the loop starts, and within the process's life
+    assert first["seconds_before_training"] < first["first_step_done_seconds"] < wall
     finished, hits = compile_log(log)
     # One train and one eval program for the one batch shape, compiled ahead...
     assert len(first["batch_shapes"]) == 1 and hits == 0

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import jax
 
+from jax_transformer.train.runtime.process_clock import process_seconds
 from transformer_core.errors import RunFailed
 
 
@@ -45,6 +46,9 @@ class LateMetrics:
         self.log_every, self.started = log_every, started
         self.pending = []  # (step, device metrics, tokens, seconds at its start)
         self.last_read = started  # time.time() of the last read
+        # process_seconds() when the loop's first step was read, so done: at --log-every
+        # 1, right after the second step's dispatch
+        self.first_step_done = None
 
     def add(self, step: int, metrics: dict, tokens: int, began: float) -> None:
         """Step `step`'s device metrics; `began`: the time.time() the loop started it."""
@@ -63,6 +67,8 @@ class LateMetrics:
             return []
         values = jax.device_get([(m["loss"], m["grad_norm"], m["lr"]) for _, m, _, _ in taken])
         now = time.time()
+        if self.first_step_done is None:
+            self.first_step_done = process_seconds()
         rate = sum(tokens for _, _, tokens, _ in taken) / max(now - self.last_read, 1e-9)
         self.last_read = now
         read = []

@@ -13,11 +13,14 @@ from jax_transformer.train.runtime import compiling, peers, sharding
 
 def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds: float,
                     seconds: float, real_tokens: int, seconds_before_training: float,
-                    stopped_by: str, host_seconds: list[float], data_bytes: int) -> dict:
+                    first_step_done: float | None, stopped_by: str, host_seconds: list[float],
+                    data_bytes: int) -> dict:
     """host_seconds_per_step: the loop's own work per step (median CPU time of its
     thread), taking the prefetched batch and dispatching the step while the devices
     run the steps before it; its waits for the devices (a batch still being
-    transferred, a full dispatch queue) are not counted. train_data_read_bytes: what
+    transferred, a full dispatch queue) are not counted. first_step_done_seconds: from
+    the process's start (its imports included) to the first step's end, as the loop
+    saw it (LateMetrics.first_step_done). train_data_read_bytes: what
     each process read of the prepared training split (of train_data_bytes): the
     lengths, and the sentences of its own rows of each batch (a gathering: every
     process calls this)."""
@@ -32,6 +35,8 @@ def training_report(train_batches, *, steps: int, compiled_before, ahead_seconds
             "host_seconds_per_step": (round(float(np.median(host_seconds)), 4)
                                       if host_seconds else None),
             "seconds_before_training": round(seconds_before_training, 3),
+            "first_step_done_seconds": (round(first_step_done, 3)
+                                        if first_step_done is not None else None),
             "stopped_by": stopped_by,
             "peak_device_memory_bytes": (jax.local_devices()[0].memory_stats()
                                          or {}).get("peak_bytes_in_use"),

@@ -248,10 +248,11 @@ class CompileCounter:
 def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[str], None],
                   workers: int = 2) -> float:
     """Trace and compile each (name, jitted function, example args) before it is first
-    called: every program is traced and lowered here (Python work, which threads would
-    only interleave), then XLA compiles `workers` of them at a time. The programs land
-    in jit's caches (and the persistent cache), so the first real call runs at once.
-    Returns the wall seconds."""
+    called: the programs are traced and lowered here, in order (Python work, which
+    threads would only interleave), and each goes to XLA as soon as it is lowered, so
+    the first compiles while the next is traced; XLA compiles `workers` of them at a
+    time. The programs land in jit's caches (and the persistent cache), so the first
+    real call runs at once. Returns the wall seconds."""
     started = time.time()
     done = 0
 
@@ -262,9 +263,9 @@ def compile_ahead(jobs: Sequence[tuple[str, Callable, tuple]], log: Callable[[st
         done += 1
         log(f"compiled {name} in {time.time() - job_started:.1f} s [{done}/{len(jobs)}]")
 
-    lowered = [(name, jitted.lower(*args)) for name, jitted, args in jobs]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(compile_one, name, program) for name, program in lowered]
+        futures = [pool.submit(compile_one, name, jitted.lower(*args))
+                   for name, jitted, args in jobs]
         for future in futures:
             future.result()
     return time.time() - started
