@@ -25,7 +25,8 @@ it writes in records/.
                     stops, --time-budget), peers.py (the other processes: a watch, posted
                     failures, agreed stops), compiling.py (ahead-of-time compiles, the
                     persistent cache, compile counts), host_memory.py (glibc keeps freed
-                    host memory), jax_variables.py (JAX_PLATFORMS, ... checked as bad input),
+                    host memory), process_clock.py (seconds since the process started),
+                    jax_variables.py (JAX_PLATFORMS, ... checked as bad input),
                     sharding.py (the data x fsdp mesh; --fsdp's split of the state)
     records/        what a run writes as it goes: workdir.py (the lock, metrics.jsonl,
                     files written whole), tensorboard.py, plots.py (the loss curve, an
