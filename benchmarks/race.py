@@ -50,7 +50,9 @@ the steady-state rate (median over the second half of the steps, evaluations
 left out), and peak memory; for ours also the loop's host
 time per step and the bare compiled step on the run's own batches
 (bare_step.py, run after the race: its rate and its MFU against a matmul peak
-measured beside it). Peak memory: on CUDA the allocator's peak bytes in
+measured beside it), and when each of its runs reached the peer's final dev loss
+(read off its dev losses, linearly between evaluations), against the peer's
+training time. Peak memory: on CUDA the allocator's peak bytes in
 use during training (JAX's peak_bytes_in_use, torch's max_memory_allocated), on
 CPU the side's process peak RSS over its whole run. The versions, threads, devices,
 allocator and matmul peak of every run are in the JSON. Writes JSON (default
@@ -333,6 +335,20 @@ FIGURES = ("steps", "tgt_tokens_per_s", "tgt_tokens_per_step", "first_step_secon
            "dev_loss", "peak_memory_bytes", "wall_seconds", "matmul_peak_flops_per_s")
 
 
+def seconds_to_reach(run: dict, loss: float) -> float | None:
+    """When a run's dev loss first came down to `loss`, on its curve of evaluations
+    (with its final dev loss at the end of training), linearly between the two around
+    it; None if it never did."""
+    curve = [*run["dev_curve"], {"seconds": run["training_seconds"], "dev_loss": run["dev_loss"]}]
+    for before, point in zip([None, *curve], curve):
+        if point["dev_loss"] <= loss:
+            if before is None:
+                return point["seconds"]
+            share = (before["dev_loss"] - loss) / (before["dev_loss"] - point["dev_loss"])
+            return before["seconds"] + share * (point["seconds"] - before["seconds"])
+    return None
+
+
 def median_of(values: list) -> float | None:
     """The median of the known values; of counts (ints), the lower one: a count."""
     known = [v for v in values if v is not None]
@@ -468,6 +484,8 @@ def rounds_part(result: dict) -> tuple[list[str], list[Table]]:
     if collapsed:
         notes.append("**Collapsed output** (its BLEU says nothing of the model): "
                      + "; ".join(collapsed) + ".")
+    if "ours" in result["sides"] and best is not None:
+        notes.append(reaching_note(result, result["peer_variants"][best]))
     return notes, [
         Table(("contender", "rounds", "real target tokens/s", "steady-state tokens/s",
                "first step (s)", "dev loss", "BLEU", "chrF", "length ratio",
@@ -477,6 +495,22 @@ def rounds_part(result: dict) -> tuple[list[str], list[Table]]:
                "test translations"), runs, align="rrlrrrrrrlrl"),
         Table(("contender", "threads", "devices", "allocator", "versions"), footing,
               align="lrlll")]
+
+
+def reaching_note(result: dict, peer: dict) -> str:
+    """When each of train.py's runs reached the race's peer's (median) final dev loss,
+    against the peer's (median) training time."""
+    ours = [row for row in result["runs"] if row["side"] == "ours"]
+    reached = [seconds_to_reach(row, peer["dev_loss"]) for row in ours]
+    times = ", ".join("never" if seconds is None else
+                      f"{seconds:.0f} s ({seconds / peer['training_seconds']:.0%})"
+                      for seconds in reached)
+    return (f"The race's peer's final dev loss, {peer['dev_loss']:.3f} (median), reached "
+            f"by train.py at: {times}, by round, against the peer's "
+            f"{peer['training_seconds']:.0f} s of training (median): read off train.py's "
+            "dev losses (its evaluations, then its final dev loss at the end of training), "
+            "linearly between the two around it; each side's seconds count from where its "
+            "time budget starts.")
 
 
 def plot_dev_loss(result: dict, path: Path) -> None:

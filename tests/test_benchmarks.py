@@ -589,6 +589,25 @@ def test_race_summarizes_rounds_as_medians_with_their_spread():
     assert result["peer_variants"]["fused+buckets"]["collapsed_runs"] == 1
 
 
+def test_race_reads_when_ours_reached_the_peers_final_dev_loss():
+    run = {"dev_curve": [{"step": 100, "seconds": 100.0, "dev_loss": 6.0},
+                         {"step": 200, "seconds": 200.0, "dev_loss": 5.0},
+                         {"step": 300, "seconds": 300.0, "dev_loss": 4.5}],
+           "training_seconds": 350.0, "dev_loss": 4.4}
+    assert race.seconds_to_reach(run, 5.2) == pytest.approx(180.0)  # 20% of the way 6 -> 5
+    assert race.seconds_to_reach(run, 7.0) == 100.0  # at the first evaluation already
+    assert race.seconds_to_reach(run, 4.42) == pytest.approx(340.0)  # toward the final one
+    assert race.seconds_to_reach(run, 4.3) is None
+    result = race_result()
+    for row in result["runs"]:
+        if row["side"] == "ours":
+            row.update(run)
+    result["peer_variants"]["fused+buckets"].update(dev_loss=5.2, training_seconds=600.0)
+    page = report.render_markdown(race.describe(result), "race.json")
+    assert ("final dev loss, 5.200 (median), reached by train.py at: 180 s (30%), 180 s "
+            "(30%), by round, against the peer's 600 s of training") in page
+
+
 @pytest.mark.slow  # two training subprocesses, 30 s each
 def test_race_smoke(tmp_path):
     """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
