@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
                         bench_init_from, bench_serve, bench_train, bench_train_compile,
-                        finishing, race, report, step_variants)
+                        finishing, race, race_report, report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,8 +191,8 @@ def race_result() -> dict:
             run(peers["fused+buckets"], 0, 2, 2600.0),
             run(peers["fused+buckets"], 1, 3, 2800.0, collapsed=True),
             run(peers["plain"], 1, 4, 2100.0), run(ours, 1, 5, 4000.0)]
-    contenders = {"ours": race.summarize(runs[0::5])}
-    variants = {v: race.summarize([r for r in runs if r.get("variant") == v]) for v in peers}
+    contenders = {"ours": race_report.summarize(runs[0::5])}
+    variants = {v: race_report.summarize([r for r in runs if r.get("variant") == v]) for v in peers}
     return {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "time_budget": 600.0,
             "rounds": 2,
             "versions": {"jax": "0.10.2", "torch": "2.13.0", "transformers": "5.23.0"},
@@ -594,10 +594,10 @@ def test_race_reads_when_ours_reached_the_peers_final_dev_loss():
                          {"step": 200, "seconds": 200.0, "dev_loss": 5.0},
                          {"step": 300, "seconds": 300.0, "dev_loss": 4.5}],
            "training_seconds": 350.0, "dev_loss": 4.4}
-    assert race.seconds_to_reach(run, 5.2) == pytest.approx(180.0)  # 20% of the way 6 -> 5
-    assert race.seconds_to_reach(run, 7.0) == 100.0  # at the first evaluation already
-    assert race.seconds_to_reach(run, 4.42) == pytest.approx(340.0)  # toward the final one
-    assert race.seconds_to_reach(run, 4.3) is None
+    assert race_report.seconds_to_reach(run, 5.2) == pytest.approx(180.0)  # 20% of the way 6 -> 5
+    assert race_report.seconds_to_reach(run, 7.0) == 100.0  # at the first evaluation already
+    assert race_report.seconds_to_reach(run, 4.42) == pytest.approx(340.0)  # toward the final one
+    assert race_report.seconds_to_reach(run, 4.3) is None
     result = race_result()
     for row in result["runs"]:
         if row["side"] == "ours":
