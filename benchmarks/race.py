@@ -38,7 +38,10 @@ and the page gives medians with their spread (min-max). The sides:
 Both train the same SentencePiece BPE vocabulary (train.py's own
 `train_tokenizer`, same pairs and seed, so the same pieces), skip pairs longer
 than --max-len tokens, and measure the dev loss (label-smoothed, per real target
-token) every --eval-every steps, inside their budgets.
+token) every --eval-every steps, inside their budgets; beside it, the training
+loss: the mean of the steps' losses (as minimised: label-smoothed, per real target
+token, dropout on) since the previous evaluation, for ours read off its
+metrics.jsonl, which has every step's.
 
 Reported per side: steps, real target tokens/s over the training loop, seconds
 from the process's start (its imports included) to the end of the first step,
@@ -46,8 +49,9 @@ compile seconds, test BLEU and
 chrF (both sides' translations written to files beside the JSON and scored by
 the race alike, with sacreBLEU's signatures; the output/reference length ratio;
 a collapsed output, most lines empty or one line, flagged), final dev loss,
-the steady-state rate (median over the second half of the steps, evaluations
-left out), and peak memory; for ours also the loop's host
+the dev and training losses at each evaluation, the steady-state rate (median
+over the second half of the steps, evaluations left out), and peak memory; for
+ours also the loop's host
 time per step and the bare compiled step on the run's own batches
 (bare_step.py, run after the race: its rate and its MFU against a matmul peak
 measured beside it), and when each of its runs reached the peer's final dev loss
@@ -244,10 +248,6 @@ def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
     bare = bare_step(command[2:], workdir, env)
     steady = steady_rate(records, args.eval_every)
     step_starts = {r["step"]: offset + r["elapsed"] for r in records if "loss" in r}
-    # the dev loss after step N: at the next step's start (its evaluation included)
-    dev_curve = [{"step": r["step"], "seconds": round(step_starts.get(r["step"] + 1, max(
-                      step_starts.values())), 2), "dev_loss": r["dev_loss"]}
-                 for r in records if "dev_loss" in r]
     devices = re.search(r"(\d+) (\w+) device\(s\)", log_path.read_text())
     output = check_output([sample["translation"] for sample in results["samples"]],
                           [sample["reference"] for sample in results["samples"]], translations)
@@ -263,7 +263,8 @@ def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
             "host_seconds_per_step": training["host_seconds_per_step"],
             "programs_compiled": training["compiled"]["programs"],
             "compile_cache_hits": training["compiled"]["cache_hits"],
-            **output, "dev_loss": results["dev"]["loss"], "dev_curve": dev_curve,
+            **output, "dev_loss": results["dev"]["loss"],
+            "dev_curve": dev_curve(records, step_starts),
             "peak_memory_bytes": (training["peak_device_memory_bytes"] if args.device == "cuda"
                                   else peak_rss),
             "wall_seconds": round(wall, 1), "log": str(log_path),
@@ -272,6 +273,22 @@ def run_ours(args, workdir: Path, translations: Path, cores: set[int]) -> dict:
                 "devices": f"{devices[1]} {devices[2]}" if devices else None,
                 "allocator": allocator_name(host_memory.wanted(env)),  # train.py's own rule
                 "versions": runner.versions("jax", "jaxlib", "flax", "optax")}}
+
+
+def dev_curve(records: list[dict], step_starts: dict[int, float]) -> list[dict]:
+    """train.py's evaluations in its metrics.jsonl `records`: each one's step, its seconds
+    (the next step's start in `step_starts`: the evaluation included), dev loss and
+    training loss, the mean of the losses train.py logged (it logs every step's) for the
+    steps since the previous evaluation (train.py evaluates every --eval-every steps,
+    and at --steps)."""
+    step_losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    evaluations = [r for r in records if "dev_loss" in r]
+    return [{"step": r["step"],
+             "seconds": round(step_starts.get(r["step"] + 1, max(step_starts.values())), 2),
+             "dev_loss": r["dev_loss"],
+             "train_loss": statistics.fmean(step_losses[step]
+                                            for step in range(previous + 1, r["step"] + 1))}
+            for previous, r in zip([0, *(r["step"] for r in evaluations)], evaluations)]
 
 
 def steady_rate(records: list[dict], eval_every: int) -> float | None:

@@ -219,14 +219,16 @@ def compile_seconds() -> float:
 def train_until(deadline: float, started: float, model, batches, dev_batches, args, device,
                 autocast, features: frozenset[str]) -> dict:
     """Epochs over `batches` in shuffled order until the step in which `deadline`
-    (time.monotonic) passes; the dev loss every --eval-every steps."""
+    (time.monotonic) passes; every --eval-every steps the dev loss and the training
+    loss: the mean of the steps' losses (label-smoothed, per real target token, as
+    minimised) since the previous evaluation."""
     import torch
     optimizer, scheduler = paper_adam(model, args,
                                       fused=device.type == "cuda" or "fused" in features)
     forward = torch.compile(model) if "compile" in features else model  # training only
     rng = np.random.default_rng(0)
     step, trained_tokens, first_step_seconds, dev_curve = 0, 0, None, []
-    step_rates = []  # real target tokens/s of each step
+    step_rates, step_losses = [], []  # of each step: real target tokens/s, its loss
     loop_started = time.monotonic()
     while time.monotonic() < deadline:
         for index in rng.permutation(len(batches)):  # an epoch in shuffled batch order
@@ -239,14 +241,17 @@ def train_until(deadline: float, started: float, model, batches, dev_batches, ar
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            loss_sum.item()  # waits for the step, as train.py does to log its loss
+            # the loss, read: waits for the step, as train.py does to log its loss
+            step_losses.append(loss_sum.item() / tokens)
             step, trained_tokens = step + 1, trained_tokens + tokens
             step_rates.append(tokens / (time.monotonic() - step_started))
             first_step_seconds = first_step_seconds or process_seconds()
             if step % args.eval_every == 0:
                 dev_curve.append({"step": step,
                                   "seconds": round(time.monotonic() - started, 2),
-                                  "dev_loss": peer_dev_loss(model, dev_batches, autocast)})
+                                  "dev_loss": peer_dev_loss(model, dev_batches, autocast),
+                                  "train_loss": statistics.fmean(
+                                      step_losses[-args.eval_every:])})
             if time.monotonic() >= deadline:
                 break
     ended = time.monotonic()

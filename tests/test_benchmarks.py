@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -608,6 +609,54 @@ def test_race_reads_when_ours_reached_the_peers_final_dev_loss():
             "(30%), by round, against the peer's 600 s of training") in page
 
 
+def test_race_ours_training_loss_is_the_mean_since_the_previous_evaluation():
+    """train.py's metrics.jsonl records, evaluated every 2 steps and at the last (--steps
+    5): each evaluation's training loss is the mean of the step losses since the last."""
+    records = [{"step": 1, "compile_seconds": 9.0},
+               *({"step": step, "loss": loss, "elapsed": float(step)}
+                 for step, loss in zip(range(1, 6), (9.0, 7.0, 6.0, 4.0, 3.5))),
+               {"step": 2, "dev_loss": 7.5}, {"step": 4, "dev_loss": 5.5},
+               {"step": 5, "dev_loss": 5.0}]
+    records.sort(key=lambda r: r["step"])  # as metrics.jsonl has them
+    step_starts = {r["step"]: 10.0 + r["elapsed"] for r in records if "loss" in r}
+    assert race.dev_curve(records, step_starts) == [
+        {"step": 2, "seconds": 13.0, "dev_loss": 7.5, "train_loss": 8.0},
+        {"step": 4, "seconds": 15.0, "dev_loss": 5.5, "train_loss": 5.0},
+        {"step": 5, "seconds": 15.0, "dev_loss": 5.0, "train_loss": 3.5}]
+
+
+def test_race_peer_training_loss_is_the_mean_since_the_previous_evaluation(monkeypatch):
+    """train_until, a tiny Marian for 1.5 s on the CPU: each evaluation's training
+    loss is the mean of the losses (per real target token) of the steps since the last."""
+    import contextlib
+    from argparse import Namespace
+    import torch
+    from benchmarks import race_peer
+    args = Namespace(d_model=16, layers=1, heads=2, d_ff=32, dropout=0.0, max_len=16,
+                     warmup=10, eval_every=3)
+    src = [[5 + (i * j) % 40 for j in range(3 + i % 5)] + [race_peer.EOS_ID] for i in range(24)]
+    tgt = [[6 + (i + j) % 40 for j in range(2 + i % 6)] + [race_peer.EOS_ID] for i in range(24)]
+    batches = [race_peer.peer_batch(b, src, tgt)
+               for b in race_peer.token_budget_batches(src, tgt, 32)]
+    step_losses = []  # the training steps' losses, in order (the dev loss has no gradients)
+    loss_sum_of = race_peer.smoothed_loss_sum
+
+    def recorded(logits, labels):
+        loss_sum = loss_sum_of(logits, labels)
+        if torch.is_grad_enabled():
+            step_losses.append(loss_sum.item() / race_peer.real_tokens(labels))
+        return loss_sum
+    monkeypatch.setattr(race_peer, "smoothed_loss_sum", recorded)
+    model = race_peer.marian(args, 50)
+    started = time.monotonic()
+    trained = race_peer.train_until(started + 1.5, started, model, batches, batches[:2], args,
+                                    torch.device("cpu"), contextlib.nullcontext, frozenset())
+    assert len(trained["dev_curve"]) >= 2 and len(step_losses) == trained["steps"]
+    for point in trained["dev_curve"]:
+        since_last = step_losses[point["step"] - 3:point["step"]]
+        assert point["train_loss"] == pytest.approx(sum(since_last) / 3)
+
+
 @pytest.mark.slow  # two training subprocesses, 30 s each
 def test_race_smoke(tmp_path):
     """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
@@ -645,6 +694,7 @@ def test_race_smoke(tmp_path):
         assert 0 <= side["bleu"] <= 100 and 0 <= side["chrf"] <= 100
         assert [point["step"] for point in side["dev_curve"]] == list(
             range(5, side["steps"] + 1, 5))
+        assert all(point["train_loss"] > 0 for point in side["dev_curve"])
     ours = result["sides"]["ours"]
     assert ours["steady_tgt_tokens_per_s"] > 0 and ours["host_seconds_per_step"] > 0
     assert ours["bare_step"]["tgt_tokens_per_s"] > 0 and 0 < ours["bare_step"]["mfu"] < 1
