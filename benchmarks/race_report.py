@@ -1,6 +1,7 @@
 """The race's results: each contender's runs summarized (medians and their spread),
-the markdown page (when train.py reached the peer's final dev loss among its figures)
-and the dev-loss figure. benchmarks/race.py runs the race and writes them.
+the markdown page (when train.py reached the peer's final dev loss, and each run's dev
+and training losses at its evaluations, among its figures) and the dev-loss figure.
+benchmarks/race.py runs the race and writes them.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def describe(result: dict) -> Report:
     tokenizers = {True: "byte-identical", False: "different",
                   None: "not compared (one side ran)"}[result["same_tokenizer"]]
     rounds = rounds_part(result) if "runs" in result else ([], [])
+    losses = losses_part(result)
     return Report(
         title="The race: train.py against Hugging Face Marian",
         script="benchmarks/race.py",
@@ -86,7 +88,7 @@ def describe(result: dict) -> Report:
                "counts matmul FLOPs against a matmul peak measured just before and after it. "
                "Host s per step: the CPU time of train.py's loop thread taking a "
                "prefetched batch and dispatching the step, its waits for the devices not "
-               "counted (median; in runs before 2026-11-26, its wall time)."],
+               "counted (median; in runs before 2026-11-26, its wall time).", *losses[0]],
         tables=[Table(("side", "steps", "real target tokens/s", "first step (s)",
                        "compile (s)", "BLEU", "chrF", "dev loss", memory), headline,
                       align="lrrrrrrrr"),
@@ -96,7 +98,7 @@ def describe(result: dict) -> Report:
                 Table(("side", "steady-state real target tokens/s", "bare step's (same batches)",
                        "steady / bare", "host s per step", "bare step's MFU",
                        "matmul peak (GFLOP/s)"), steps, align="lrrrrrr"),
-                *rounds[1]],
+                *rounds[1], *losses[1]],
         settings={k: v for k, v in result["settings"].items()
                   if k not in ("out", "render_only")},
         device=f"{result['device_name']} (--device {result['device']}).",
@@ -162,6 +164,28 @@ def rounds_part(result: dict) -> tuple[list[str], list[Table]]:
                "test translations"), runs, align="rrlrrrrrrlrl"),
         Table(("contender", "threads", "devices", "allocator", "versions"), footing,
               align="lrlll")]
+
+
+def losses_part(result: dict) -> tuple[list[str], list[Table]]:
+    """The note and the table of each run's dev and training losses at its evaluations;
+    neither for results whose evaluations lack the training loss (before 2026-11-28)."""
+    runs = result.get("runs", [])
+    points = [point for row in runs for point in row["dev_curve"]]
+    if not points or any("train_loss" not in point for point in points):
+        return [], []
+    steps = sorted({point["step"] for point in points})
+    rows = []
+    for row in runs:
+        losses = {point["step"]: f"dev {point['dev_loss']:.3f} / train {point['train_loss']:.3f}"
+                  for point in row["dev_curve"]}
+        rows.append([row["position"] + 1, row["round"], row["what"],
+                     *(losses.get(step, "-") for step in steps)])
+    note = ("The losses at each evaluation, by run: the dev loss (label-smoothed, per real "
+            "target token, dropout off) and the training loss, the mean of the steps' losses "
+            "since the previous evaluation (as minimised: label-smoothed, per real target "
+            "token, dropout on).")
+    return [note], [Table(("run", "round", "contender", *(f"step {step:,}" for step in steps)),
+                          rows, align="rrl" + "r" * len(steps))]
 
 
 def seconds_to_reach(run: dict, loss: float) -> float | None:

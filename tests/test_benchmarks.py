@@ -657,6 +657,28 @@ def test_race_peer_training_loss_is_the_mean_since_the_previous_evaluation(monke
         assert point["train_loss"] == pytest.approx(sum(since_last) / 3)
 
 
+def test_race_page_shows_each_runs_training_loss_beside_its_dev_loss():
+    """Both sides' dev and training losses at each evaluation step, run by run; no such
+    table for results without training losses (written before they were recorded)."""
+    result = race_result()
+    assert "| step 2 |" not in report.render_markdown(race.describe(result), "race.json")
+    ours = [{"step": 2, "seconds": 13.0, "dev_loss": 7.5, "train_loss": 8.0},
+            {"step": 4, "seconds": 15.0, "dev_loss": 5.5, "train_loss": 5.0},
+            {"step": 5, "seconds": 15.0, "dev_loss": 5.0, "train_loss": 3.5}]
+    peer = [{"step": 2, "seconds": 3.0, "dev_loss": 7.25, "train_loss": 7.75},
+            {"step": 4, "seconds": 6.0, "dev_loss": 6.25, "train_loss": 6.5},
+            {"step": 6, "seconds": 9.0, "dev_loss": 5.25, "train_loss": 5.75}]
+    for row in result["runs"]:
+        row["dev_curve"] = ours if row["side"] == "ours" else peer
+    page = report.render_markdown(race.describe(result), "race.json")
+    assert "| run | round | contender | step 2 | step 4 | step 5 | step 6 |" in page
+    assert ("| 1 | 0 | train.py (jax_transformer) | dev 7.500 / train 8.000 | "
+            "dev 5.500 / train 5.000 | dev 5.000 / train 3.500 | - |") in page
+    assert ("| 2 | 0 | Marian (plain) | dev 7.250 / train 7.750 | dev 6.250 / train 6.500 | "
+            "- | dev 5.250 / train 5.750 |") in page
+    assert "the mean of the steps' losses since the previous evaluation" in page
+
+
 @pytest.mark.slow  # two training subprocesses, 30 s each
 def test_race_smoke(tmp_path):
     """The race, end to end on a CPU: a tiny model, 30 s a side, the time to the first
