@@ -21,7 +21,10 @@ The splits hold the same examples in the same order as the in-memory path
 (corpora -> encoding.encode_pairs), so their batches and fingerprints are the same.
 Nothing but DIR's temporary twin (DIR.tmp-PID) is written until the last rename: an
 interrupted preparation leaves no DIR that a later run could take for a whole one.
-Needs neither JAX nor torch.
+Nothing prepare did not write is removed: an existing DIR is replaced only when it is
+empty or a preparation (refused when it is a file, a link, a directory of other files,
+or holds a corpus file), and a twin left by a stopped preparation only when it holds
+TWIN_MARKER. Needs neither JAX nor torch.
 """
 
 from __future__ import annotations
@@ -42,13 +45,19 @@ from jax_transformer.data import encode_worker
 from jax_transformer.data.raw import Corpus, Log, RawSplit, read_splits, write_examples
 from jax_transformer.data.corpora import CorpusError, CorpusReport
 from jax_transformer.data.encoding import TOKENIZER_SAMPLE, TOO_MANY_TOKENS, UNKNOWN_SHARE
-from jax_transformer.data.prepared import FORMAT, MANIFEST, Prepared, file_sha256, link_or_copy
+from jax_transformer.data.prepared import (FORMAT, MANIFEST, SPLITS, Prepared, file_sha256,
+                                           link_or_copy)
 from jax_transformer.data.store import TokenStore, fingerprint, ids_dtype
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
+from transformer_core.errors import listing
 from transformer_core.tokenizer import UNK_ID, Tokenizer
 
 PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
 MOSTLY_UNKNOWN = 0.5  # a split with more than this share of many-<unk> examples is refused
+TWIN_MARKER = ".jaxformer-prepare"  # in every directory prepare makes, and so in its twins
+OUTPUT_NAMES = {MANIFEST, TOKENIZER_FILE, TWIN_MARKER, "dev.json", "test.json",
+                *(f"{split}.{side}.{suffix}" for split in SPLITS for side in ("src", "tgt")
+                  for suffix in ("ids", "offsets", "lengths"))}  # all a preparation holds
 
 
 class NoneFits(CorpusError):
@@ -105,12 +114,19 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
     tmp = output.with_name(f"{output.name}.tmp-" + (str(os.getpid()) if share.count == 1
                                                      else "shared"))
     if primary:
+        check_output(output, corpus)
         output.parent.mkdir(parents=True, exist_ok=True)
         for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
                       *output.parent.glob(f"{output.name}.old-*")]:
-            if not _running(stale.name.rsplit("-", 1)[1]):  # an interrupted preparation's
+            if (not _running(stale.name.rsplit("-", 1)[1]) and not stale.is_symlink()
+                    and (stale / TWIN_MARKER).is_file()):  # an interrupted preparation's
                 shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
+        try:
+            tmp.mkdir()
+        except FileExistsError:
+            raise CorpusError(f"{tmp} is in the way and is not a preparation's twin (it has "
+                              f"no {TWIN_MARKER}), so it is not removed: move it away") from None
+        (tmp / TWIN_MARKER).write_text("made by jaxformer-prepare, which may remove it\n")
     try:
         stages = _Stages(tmp, corpus, encoding, log, progress)
         if primary:
@@ -125,6 +141,37 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
         if primary:
             shutil.rmtree(tmp, ignore_errors=True)
     return Prepared(output)
+
+
+def check_output(output: Path, corpus: Corpus) -> None:
+    """A CorpusError unless `output` may be replaced whole: absent, an empty directory, or
+    a preparation (a manifest with a key, and no names but a preparation's) that holds no
+    file of `corpus`."""
+    if output.is_symlink():
+        raise CorpusError(f"{output} is a symbolic link: name a directory of its own")
+    if output.exists() and not output.is_dir():
+        raise CorpusError(f"{output} is a file, not a directory")
+    inside = [f for f in corpus.files if Path(f).resolve().is_relative_to(output.resolve())]
+    if inside:
+        raise CorpusError(f"{inside[0]} is inside {output}, which a preparation replaces whole: "
+                          "prepare into another directory")
+    if not output.is_dir() or not any(output.iterdir()):
+        return
+    others = sorted(entry.name for entry in output.iterdir() if entry.name not in OUTPUT_NAMES)
+    if others or not _has_key(output / MANIFEST):
+        raise CorpusError(f"{output} is not a prepared corpus (it holds "
+                          f"{listing(others or sorted(e.name for e in output.iterdir()))}); "
+                          "preparing there would replace it and delete them: choose a new "
+                          "or empty directory")
+
+
+def _has_key(manifest: Path) -> bool:
+    """Whether `manifest` is a preparation's: a regular file, a JSON object with a key."""
+    try:
+        written = not manifest.is_symlink() and json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(written, dict) and "key" in written
 
 
 def _running(pid: str) -> bool:

@@ -1,8 +1,10 @@
 """A corpus prepared once (data/prepare.py, data/store.py): the same examples, tokenizer,
 fingerprints and batches as the in-memory path, in bounded memory; whole or absent."""
 
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,7 +116,7 @@ def test_a_prepared_corpus_equals_the_in_memory_path(tmp_path):
                        progress=False)
     assert prepared.tokenizer_path.read_bytes() == tokenizer.path.read_bytes()
     assert sorted(p.name for p in prepared.directory.iterdir()) == sorted(  # docs/data.md's
-        ["manifest.json", "tokenizer.model", "dev.json", "test.json"]
+        ["manifest.json", "tokenizer.model", "dev.json", "test.json", ".jaxformer-prepare"]
         + [f"{split}.{side}.{suffix}" for split in ("train", "dev", "test")
            for side in ("src", "tgt") for suffix in ("ids", "offsets", "lengths")])
     assert not list(tmp_path.glob("prepared.*"))  # no temporary twin left
@@ -313,3 +315,98 @@ def test_an_epoch_of_several_blocks_serves_every_example_once_and_resumes(monkey
     monkeypatch.setattr(packing, "PLAN_BLOCK", 500)
     single = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)], seed=3)
     assert single.iterator(old).get_state()["block"] == 0
+
+
+# --- what jaxformer-prepare may replace ----------------------------------------------------
+
+def run_prepare(output, src, tgt, *flags) -> int:
+    """jaxformer-prepare on a tiny corpus, in this process."""
+    from jax_transformer.commands import prepare as prepare_command
+    return prepare_command.main(["--output", str(output), "--src-path", str(src),
+                                 "--tgt-path", str(tgt), "--num-dev", "10", "--num-test", "10",
+                                 "--vocab-size", "60", "--max-len", "64", "--workers", "1",
+                                 "--quiet", *flags])
+
+
+def tree_hashes(root) -> dict:
+    """Every file and link under `root` (not followed): its contents' or target's digest."""
+    hashes = {}
+    for directory, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(directory, d))]:
+            path = os.path.join(directory, name)
+            data = (os.readlink(path).encode() if os.path.islink(path)
+                    else open(path, "rb").read())
+            hashes[os.path.relpath(path, root)] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+def user_directory(path, files=("notes.txt", "sub/deep.txt")):
+    for name in files:
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(f"the user's {name}\n")
+    return path
+
+
+def refused(capsys, match: str) -> None:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert re.match(f"error: .*{match}", err), err
+
+
+def test_prepare_refuses_a_regular_file_as_output(tmp_path, capsys):
+    src, tgt = write_parallel(tmp_path, 100)
+    (tmp_path / "afile").write_text("mine\n")
+    assert run_prepare(tmp_path / "afile", src, tgt) == 2
+    refused(capsys, "afile is a file, not a directory")
+    assert (tmp_path / "afile").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "train.src", "train.tgt"]
+
+
+def test_prepare_refuses_a_directory_of_the_users_files(tmp_path, capsys):
+    src, tgt = write_parallel(tmp_path, 100)
+    before = tree_hashes(user_directory(tmp_path / "userdir"))
+    assert run_prepare(tmp_path / "userdir", src, tgt) == 2
+    refused(capsys, "userdir is not a prepared corpus.*notes.txt")
+    assert tree_hashes(tmp_path / "userdir") == before
+    lookalike = user_directory(tmp_path / "lookalike", ("manifest.json", "train.txt"))
+    (lookalike / "manifest.json").write_text('{"key": "mine"}')
+    before = tree_hashes(lookalike)
+    assert run_prepare(lookalike, src, tgt) == 2
+    refused(capsys, "lookalike is not a prepared corpus .*train.txt")
+    assert tree_hashes(lookalike) == before
+    (tmp_path / "empty").mkdir()
+    assert run_prepare(tmp_path / "empty", src, tgt) == 0  # an empty directory may be used
+    assert Prepared(tmp_path / "empty").manifest["splits"]["train"]["examples"] == 80
+
+
+def test_prepare_refuses_an_output_that_holds_its_corpus(tmp_path, capsys):
+    corpdir = tmp_path / "corpdir"
+    corpdir.mkdir()
+    src, tgt = write_parallel(corpdir, 100)
+    assert run_prepare(corpdir, src, tgt) == 2
+    refused(capsys, f"{src} is inside {corpdir}")
+    assert src.exists() and tgt.exists()
+    # A preparation holding the corpus is refused too: replacing it would delete the corpus.
+    prepared = tmp_path / "prepared"
+    assert run_prepare(prepared, src, tgt) == 0
+    for path in (src, tgt):
+        os.rename(path, prepared / path.name.replace("train", "text"))
+    assert run_prepare(prepared, prepared / "text.src", prepared / "text.tgt") == 2
+    assert (prepared / "text.src").exists() and (prepared / "text.tgt").exists()
+
+
+def test_prepare_removes_only_the_stale_twins_it_made(tmp_path, capsys):
+    src, tgt = write_parallel(tmp_path, 100)
+    for name in ("p.old-backup", "p.tmp-99999999", "p.old-99999999"):
+        user_directory(tmp_path / name)
+    before = tree_hashes(tmp_path)
+    assert run_prepare(tmp_path / "p", src, tgt) == 0
+    after = tree_hashes(tmp_path)
+    assert {name: after[name] for name in before} == before
+    ours = tmp_path / "p.tmp-99999998"  # an interrupted preparation's
+    ours.mkdir()
+    (ours / prepare_module.TWIN_MARKER).write_text("")
+    assert run_prepare(tmp_path / "p", src, tgt, "--seed", "1") == 0
+    assert not ours.exists() and tree_hashes(tmp_path / "p.tmp-99999999") == {
+        name.removeprefix("p.tmp-99999999/"): digest for name, digest in before.items()
+        if name.startswith("p.tmp-99999999/")}
