@@ -9,8 +9,9 @@ directory that train.py --data DIR memory-maps (as fairseq-preprocess does).
 
 The flags are train.py's data flags (with no corpus flag, its built-in corpus) and
 --seed, which holds out dev and test when they are not given. An --output that is
-already the preparation of these flags from these files is kept; otherwise it is
-replaced, whole, once the new one is complete (docs/data.md).
+already the preparation of these flags from these files (where they resolve to today,
+with the same contents) is kept; another preparation, or an empty directory, is
+replaced, whole, once the new one is complete; anything else is refused (docs/data.md).
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ def run(argv: Sequence[str] | None) -> None:
         existing = Prepared(args.output)
     except InputError:
         existing = None
-    if existing is not None and existing.is_preparation_of(key(wanted, encoding)):
+    stale = existing.staleness(key(wanted, encoding)) if existing is not None else None
+    if existing is not None and stale is None:
         print(f"{args.output} is already the preparation of these flags from these files; "
               "kept as it is", file=sys.stderr)
         return
+    if stale:
+        print(f"{args.output}: {stale}; preparing it again", file=sys.stderr)
     try:
         with signals.signal_handlers(signals.exit_at_once(stopped_preparing(args.output))):
             prepare(args.output, wanted, encoding, log=lambda line: print(line, file=sys.stderr),

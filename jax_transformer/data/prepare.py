@@ -87,6 +87,7 @@ def key(corpus: Corpus, encoding: Encoding) -> dict:
     else:
         tokenizer_id = encoding.tokenizer_id
     return {"format": FORMAT, "unit": corpus.unit, "corpus": corpus.settings,
+            "files": [str(Path(f).resolve()) for f in corpus.files],
             "max_len": encoding.max_len, "seed": encoding.seed,
             "tokenizer": tokenizer_id or {"vocab_size": encoding.vocab_size,
                                           "type": encoding.tokenizer_type}}

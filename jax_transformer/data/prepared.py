@@ -2,7 +2,8 @@
 its stores read back.
 
     DIR/manifest.json          what it was prepared from (`key`: the corpus's settings,
-                               the encoding's), the files' sizes, times and SHA-256,
+                               its files' resolved paths, the encoding's settings), the
+                               files' sizes, times and SHA-256,
                                each split's size and fingerprint, the log lines, timings
     DIR/tokenizer.model        the SentencePiece vocabulary (ours: trained there or given)
     DIR/SPLIT.src.*, .tgt.*    each split's piece ids (store.py), pieces only: batches
@@ -26,6 +27,7 @@ import numpy as np
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.store import TokenStore
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
+from transformer_core.errors import listing
 
 FORMAT = 1  # manifest.json's layout; another is prepared again
 MANIFEST = "manifest.json"
@@ -103,14 +105,23 @@ class Prepared:
                 changed.append(str(path))
         return changed
 
-    def is_preparation_of(self, wanted: dict) -> bool:
-        """Whether this is the preparation of key `wanted` from today's files. A key that
-        names its tokenizer by its file's digest (a resumed run's) matches a preparation
-        that trained that very tokenizer."""
+    def staleness(self, wanted: dict) -> str | None:
+        """Why this is not the preparation of key `wanted` (which names the files by their
+        resolved paths) from today's files, or None when it is. A key that names its
+        tokenizer by its file's digest (a resumed run's) matches a preparation that trained
+        that very tokenizer."""
         mine = dict(self.key)
         if wanted.get("tokenizer") == f"sha256:{self.manifest.get('tokenizer_sha256')}":
             mine["tokenizer"] = wanted["tokenizer"]
-        return mine == wanted and not self.changed_files
+        if "files" not in mine:
+            return "it was prepared before preparations recorded which files they read"
+        if mine["files"] != wanted["files"]:
+            return (f"it was prepared from {listing(mine['files']) or 'no files'}, not "
+                    f"{listing(wanted['files']) or 'no files'}")
+        if self.changed_files:
+            return f"{listing(self.changed_files)} changed since it was prepared"
+        differing = sorted(name for name in {*mine, *wanted} if mine.get(name) != wanted.get(name))
+        return f"it was prepared with other {', '.join(differing)}" if differing else None
 
 
 def link_or_copy(source: Path, target: Path) -> None:

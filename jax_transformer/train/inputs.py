@@ -75,11 +75,12 @@ def prepared_corpus(workdir: Path, settings: RunSettings, resumed_step: int | No
                              f"{resumed_step}: {', '.join(changed)} changed since the run "
                              f"prepared {directory}. Was {corpus_flags(data)} changed? "
                              "Restore it, or use a new --workdir")
-        if existing is not None and existing.is_preparation_of(key(corpus, encoding)):
+        stale = existing.staleness(key(corpus, encoding)) if existing is not None else None
+        if existing is not None and stale is None:
             _log_prepared(existing)
             decision = "prepared"
         else:
-            log(f"data: preparing {directory}")
+            log(f"data: preparing {directory}" + (f" again: {stale}" if stale else ""))
     # Process 0 decides; every process of a --distributed run encodes its share.
     if peers.gather("corpus prepared?", decision)[0] != "prepared":
         share = Share(jax.process_index(), jax.process_count(), peers.barrier)

@@ -237,8 +237,9 @@ def test_a_changed_corpus_file_is_detected(tmp_path):
     src, tgt = write_parallel(tmp_path, 200)
     corpus, encoding = parallel_corpus(src, tgt), Encoding(max_len=32, vocab_size=60)
     prepared = prepare(tmp_path / "p", corpus, encoding, log=lambda line: None, progress=False)
-    assert prepared.is_preparation_of(key(corpus, encoding))
-    assert not prepared.is_preparation_of(key(corpus, Encoding(max_len=33, vocab_size=60)))
+    assert prepared.staleness(key(corpus, encoding)) is None
+    assert prepared.staleness(key(corpus, Encoding(max_len=33, vocab_size=60))) == \
+        "it was prepared with other max_len"
     os.utime(src, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, not changed
     assert Prepared(prepared.directory).changed_files == []
     text = src.read_text()
@@ -410,3 +411,21 @@ def test_prepare_removes_only_the_stale_twins_it_made(tmp_path, capsys):
     assert not ours.exists() and tree_hashes(tmp_path / "p.tmp-99999999") == {
         name.removeprefix("p.tmp-99999999/"): digest for name, digest in before.items()
         if name.startswith("p.tmp-99999999/")}
+
+
+def test_prepare_keys_on_the_files_a_relative_path_names_today(tmp_path, monkeypatch, capsys):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory, seed in ((first, 0), (second, 1)):
+        directory.mkdir()
+        write_parallel(directory, 100, seed=seed)
+    monkeypatch.chdir(first)
+    assert run_prepare(tmp_path / "p", "train.src", "train.tgt") == 0
+    monkeypatch.chdir(second)
+    capsys.readouterr()
+    assert run_prepare(tmp_path / "p", "train.src", "train.tgt") == 0
+    err = capsys.readouterr().err
+    assert "kept as it is" not in err
+    assert f"was prepared from {first / 'train.src'}" in err, err
+    files = Prepared(tmp_path / "p").manifest["files"]
+    assert [entry["path"] for entry in files] == [str(second / "train.src"),
+                                                  str(second / "train.tgt")]
