@@ -429,3 +429,28 @@ def test_prepare_keys_on_the_files_a_relative_path_names_today(tmp_path, monkeyp
     files = Prepared(tmp_path / "p").manifest["files"]
     assert [entry["path"] for entry in files] == [str(second / "train.src"),
                                                   str(second / "train.tgt")]
+
+
+def test_prepare_changes_nothing_it_did_not_write(tmp_path, capsys):
+    """Every kind of existing --output, and the user's look-alikes of its twins: each file
+    of the tree is as it was, but for the previous preparation, which is replaced."""
+    (tmp_path / "corpus").mkdir()
+    src, tgt = write_parallel(tmp_path / "corpus", 100)
+    (tmp_path / "afile").write_text("mine\n")
+    user_directory(tmp_path / "userdir")
+    (tmp_path / "corpdir").mkdir()
+    held_src, held_tgt = write_parallel(tmp_path / "corpdir", 100, seed=2)
+    (tmp_path / "link").symlink_to(tmp_path / "userdir")
+    assert run_prepare(tmp_path / "previous", src, tgt) == 0
+    for output in ("afile", "userdir", "corpdir", "link", "previous"):
+        for suffix in ("old-backup", "tmp-99999999"):
+            user_directory(tmp_path / f"{output}.{suffix}")
+    before = tree_hashes(tmp_path)
+    for output, corpus, code in (("afile", (src, tgt), 2), ("userdir", (src, tgt), 2),
+                                 ("corpdir", (held_src, held_tgt), 2), ("link", (src, tgt), 2),
+                                 ("previous", (src, tgt), 0)):
+        assert run_prepare(tmp_path / output, *corpus, "--seed", "3") == code, output
+    after = tree_hashes(tmp_path)
+    changed = {name for name in before if after.get(name) != before[name]}
+    assert changed and all(name.startswith("previous/") for name in changed), changed
+    assert Prepared(tmp_path / "previous").key["seed"] == 3
