@@ -6,7 +6,10 @@ import json
 import pytest
 
 from jax_transformer.commands import prepare as prepare_command
+from jax_transformer.commands import train as train_command
 from jax_transformer.data.corpora import CorpusError
+from jax_transformer.train import inputs
+from tests.data.test_prepare import write_parallel
 from tests.train.runs import TINY, losses, tiny_run, tiny_settings
 from transformer_core.errors import TrainError
 
@@ -49,3 +52,20 @@ def test_flags_that_contradict_a_prepared_directory_are_refused(tmp_path):
     assert manifest["key"]["corpus"]["num_train"] == 1500
     with pytest.raises(CorpusError, match="is not a prepared corpus"):
         tiny_settings(tmp_path / "run", "--data", str(tmp_path))
+
+
+def test_workdir_data_follows_the_files_a_relative_path_names_today(tmp_path, monkeypatch,
+                                                                      capfd):
+    for name, seed in (("first", 0), ("second", 1)):
+        (tmp_path / name).mkdir()
+        write_parallel(tmp_path / name, 100, seed=seed)
+    flags = ["--workdir", str(tmp_path / "run"), "--src-path", "train.src", "--tgt-path",
+             "train.tgt", "--num-dev", "10", "--num-test", "10", "--max-len", "64",
+             "--vocab-size", "60", "--quiet"]
+    for name in ("first", "second"):
+        monkeypatch.chdir(tmp_path / name)
+        prepared = inputs.prepared_corpus(tmp_path / "run", train_command.parse_args(flags),
+                                          None, True)
+    assert (f"data: preparing {tmp_path / 'run' / 'data'} again: it was prepared from "
+            f"{tmp_path / 'first' / 'train.src'}") in capfd.readouterr().err
+    assert prepared.manifest["files"][0]["path"] == str(tmp_path / "second" / "train.src")
