@@ -111,11 +111,12 @@ def prepare(output: str | os.PathLike, corpus: Corpus, encoding: Encoding,
     that encode this process's part (default: the cores it may use). Shared, process 0
     reads the corpus and trains the tokenizer, every process encodes its share of each
     split, and process 0 joins the parts."""
-    output, primary = Path(output), share.index == 0
+    output, primary = Path(os.path.abspath(output)), share.index == 0  # "." has a name
+    if primary:
+        check_output(output, corpus)
     tmp = output.with_name(f"{output.name}.tmp-" + (str(os.getpid()) if share.count == 1
                                                      else "shared"))
     if primary:
-        check_output(output, corpus)
         output.parent.mkdir(parents=True, exist_ok=True)
         for stale in [*output.parent.glob(f"{output.name}.tmp-*"),
                       *output.parent.glob(f"{output.name}.old-*")]:

@@ -380,12 +380,15 @@ def test_prepare_refuses_a_directory_of_the_users_files(tmp_path, capsys):
     assert Prepared(tmp_path / "empty").manifest["splits"]["train"]["examples"] == 80
 
 
-def test_prepare_refuses_an_output_that_holds_its_corpus(tmp_path, capsys):
+def test_prepare_refuses_an_output_that_holds_its_corpus(tmp_path, monkeypatch, capsys):
     corpdir = tmp_path / "corpdir"
     corpdir.mkdir()
     src, tgt = write_parallel(corpdir, 100)
     assert run_prepare(corpdir, src, tgt) == 2
     refused(capsys, f"{src} is inside {corpdir}")
+    monkeypatch.chdir(corpdir)
+    assert run_prepare(".", "train.src", "train.tgt") == 2
+    refused(capsys, f"train.src is inside {corpdir}")
     assert src.exists() and tgt.exists()
     # A preparation holding the corpus is refused too: replacing it would delete the corpus.
     prepared = tmp_path / "prepared"
