@@ -434,6 +434,19 @@ def test_prepare_keys_on_the_files_a_relative_path_names_today(tmp_path, monkeyp
                                                   str(second / "train.tgt")]
 
 
+def test_a_preparation_from_before_keys_held_files_is_prepared_again(tmp_path, capsys):
+    src, tgt = write_parallel(tmp_path, 100)
+    assert run_prepare(tmp_path / "p", src, tgt) == 0
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    del manifest["key"]["files"]
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "p" / prepare_module.TWIN_MARKER).unlink()
+    capsys.readouterr()
+    assert run_prepare(tmp_path / "p", src, tgt) == 0
+    assert "it was prepared before preparations recorded which files" in capsys.readouterr().err
+    assert "files" in Prepared(tmp_path / "p").key
+
+
 def test_prepare_changes_nothing_it_did_not_write(tmp_path, capsys):
     """Every kind of existing --output, and the user's look-alikes of its twins: each file
     of the tree is as it was, but for the previous preparation, which is replaced."""
