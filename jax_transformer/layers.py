@@ -28,9 +28,13 @@ from jax_transformer.scanned import run_layers
 from transformer_core.config import TransformerConfig
 
 
-def linear(n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype, param_dtype, bias: bool = True):
-    return Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.xavier_uniform(),
-                  rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+def linear(config: TransformerConfig, n_in: int, n_out: int, *, rngs: nnx.Rngs, dtype,
+           param_dtype, bias: bool = True):
+    """A Linear layer, its kernel drawn as config.weight_init says, its bias 0."""
+    kernel_init = (nnx.initializers.xavier_uniform() if config.weight_init == "xavier"
+                   else nnx.initializers.normal(config.init_std))
+    return Linear(n_in, n_out, use_bias=bias, kernel_init=kernel_init, rngs=rngs, dtype=dtype,
+                  param_dtype=param_dtype)
 
 
 def heads_first(x):  # (B, L, H, Dh) -> (B, H, L, Dh)
@@ -60,7 +64,7 @@ class MultiHeadAttention(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         d, kw = config.d_model, dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.W_q, self.W_k, self.W_v, self.W_o = (linear(d, d, **kw) for _ in range(4))
+        self.W_q, self.W_k, self.W_v, self.W_o = (linear(config, d, d, **kw) for _ in range(4))
         self.dropout = Dropout(config.dropout, rngs=rngs)
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
@@ -105,8 +109,8 @@ class FeedForward(nnx.Module):
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.W_1 = linear(config.d_model, config.d_ff, **kw)
-        self.W_2 = linear(config.d_ff, config.d_model, **kw)
+        self.W_1 = linear(config, config.d_model, config.d_ff, **kw)
+        self.W_2 = linear(config, config.d_ff, config.d_model, **kw)
         self.dropout = Dropout(config.dropout, rngs=rngs)
         self.activation = {"relu": jax.nn.relu, "silu": jax.nn.silu,
                            "gelu": functools.partial(jax.nn.gelu, approximate=False),

@@ -26,6 +26,21 @@ from transformer_core.config import ConfigError, TransformerConfig
 from transformer_core.positions import position_rows
 
 
+def table_init(config: TransformerConfig):
+    """An embedding table's initialiser, as config.weight_init says."""
+    return nnx.initializers.normal(config.d_model ** -0.5 if config.weight_init == "xavier"
+                                   else config.init_std)
+
+
+def token_table_init(config: TransformerConfig):
+    """A token table's initialiser: table_init's, with padding's row 0 for weight_init
+    normal (Marian's)."""
+    draw = table_init(config)
+    if config.weight_init == "xavier":
+        return draw
+    return lambda key, shape, dtype=jnp.float32: draw(key, shape, dtype).at[config.pad_id].set(0)
+
+
 class TokenModel(nnx.Module):
     """What the three architectures share: token embeddings and positions, the
     output projection, and the checkpoint directory.
@@ -42,20 +57,21 @@ class TokenModel(nnx.Module):
                               f"{type(self).__name__} builds {self.architecture!r} models "
                               f"(build_model(config) picks the class)")
         self.config = config
-        embed = functools.partial(nnx.Embed, features=config.d_model, **kw,
-                                  embedding_init=nnx.initializers.normal(config.d_model ** -0.5))
+        embed = functools.partial(nnx.Embed, features=config.d_model, **kw)
+        token_embed = functools.partial(embed, embedding_init=token_table_init(config))
         if config.share_embeddings:
-            self.shared_embed = embed(config.src_vocab_size)
+            self.shared_embed = token_embed(config.src_vocab_size)
         else:
-            self.src_embed = embed(config.src_vocab_size)
-            self.tgt_embed = embed(config.tgt_vocab_size)
+            self.src_embed = token_embed(config.src_vocab_size)
+            self.tgt_embed = token_embed(config.tgt_vocab_size)
         if config.position_encoding == "learned":
-            self.position_embed = embed(config.max_len + config.position_offset)
+            self.position_embed = embed(config.max_len + config.position_offset,
+                                        embedding_init=table_init(config))
         self.embed_dropout = Dropout(config.dropout, rngs=kw["rngs"])
 
     def init_output(self, config: TransformerConfig, **kw):
         if not config.tie_output:
-            self.output_projection = linear(config.d_model, config.tgt_vocab_size,
+            self.output_projection = linear(config, config.d_model, config.tgt_vocab_size,
                                             bias=config.output_bias, **kw)
         elif config.output_bias:
             self.output_bias = nnx.Param(jnp.zeros((config.tgt_vocab_size,),

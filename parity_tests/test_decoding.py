@@ -126,12 +126,13 @@ def x64():
 def models(x64):
     """A float64 model (and its torch copy) whose sentences end at different steps.
 
-    Random tiny models repeat one token forever; a larger output projection
-    gives varied tokens, and the eos bias below makes greedy sentences end
+    Random tiny models repeat one token forever; Xavier-drawn weights (the paper's
+    init, larger than N(0, 0.02)) and a larger output projection give varied
+    tokens, and the eos bias below makes greedy sentences end
     after 1, 4 and 10 tokens or not at all, and leaves one sentence with no
     finished beam (checked in `test_outputs_cover_eos_cases`).
     """
-    config = CONFIG.replace(output_bias=True, tie_output=False)
+    config = CONFIG.replace(output_bias=True, tie_output=False, weight_init="xavier")
     model = Transformer(config, rngs=nnx.Rngs(0), dtype=jnp.float64, param_dtype=jnp.float64)
     rng = np.random.RandomState(1)
     kernel = np.asarray(model.output_projection.kernel[...]) * 3  # (D, V)

@@ -80,8 +80,10 @@ def x64():
 def models(x64):
     """A float64 model pair (weights copied torch -> Flax) whose continuations
     vary and end at different steps: greedy ends after 9, 8 and 2 new tokens, or
-    not at all (checked in test_greedy_jax_equals_torch)."""
-    model, torch_model = build_pair(CONFIG, "torch_to_flax", (jnp.float64, torch.float64))
+    not at all (checked in test_greedy_jax_equals_torch); Xavier-drawn weights (the
+    paper's init, larger than N(0, 0.02)) make them vary."""
+    model, torch_model = build_pair(CONFIG.replace(weight_init="xavier"), "torch_to_flax",
+                                    (jnp.float64, torch.float64))
     rng = np.random.RandomState(1)
     kernel = to_numpy(torch_model.output_projection.weight).T * 3  # (D, V)
     kernel[:, CONFIG.eos_id] = rng.randn(CONFIG.d_model) * 1.5

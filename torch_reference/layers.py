@@ -18,9 +18,13 @@ import torch.nn.functional as F
 from transformer_core.config import TransformerConfig
 
 
-def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
+def linear(config: TransformerConfig, n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
+    """A Linear layer, its weight drawn as config.weight_init says, its bias 0."""
     layer = nn.Linear(n_in, n_out, bias=bias)
-    nn.init.xavier_uniform_(layer.weight)
+    if config.weight_init == "xavier":
+        nn.init.xavier_uniform_(layer.weight)
+    else:
+        nn.init.normal_(layer.weight, std=config.init_std)
     if bias:
         nn.init.zeros_(layer.bias)
     return layer
@@ -71,7 +75,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         d = config.d_model
-        self.W_q, self.W_k, self.W_v, self.W_o = linear(d, d), linear(d, d), linear(d, d), linear(d, d)
+        self.W_q, self.W_k, self.W_v, self.W_o = (linear(config, d, d) for _ in range(4))
         self.dropout = nn.Dropout(config.dropout)
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
@@ -114,8 +118,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.W_1 = linear(config.d_model, config.d_ff)
-        self.W_2 = linear(config.d_ff, config.d_model)
+        self.W_1 = linear(config, config.d_model, config.d_ff)
+        self.W_2 = linear(config, config.d_ff, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         self.activation = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}[config.activation]
 

@@ -22,6 +22,18 @@ from torch_reference.layers import Decoder, Encoder, linear
 from torch_reference.masks import causal_mask, padding_mask
 
 
+def init_table(table: nn.Embedding, config: TransformerConfig, tokens: bool = True) -> None:
+    """Draw an embedding table as config.weight_init says: N(0, d_model^-0.5) (xavier) or
+    N(0, init_std) (normal), a token table's padding row then 0."""
+    if config.weight_init == "xavier":
+        nn.init.normal_(table.weight, std=config.d_model ** -0.5)
+        return
+    nn.init.normal_(table.weight, std=config.init_std)
+    if tokens:
+        with torch.no_grad():
+            table.weight[config.pad_id].zero_()
+
+
 class TokenModel(nn.Module):
     """What the three architectures share: token embeddings and positions, the
     output projection, and the checkpoint directory. Use `model.eval()` for eval mode."""
@@ -35,9 +47,9 @@ class TokenModel(nn.Module):
                               f"(build_model(config) picks the class)")
         self.config = config
 
-        def embed(num_rows):
+        def embed(num_rows, tokens: bool = True):
             table = nn.Embedding(num_rows, config.d_model)
-            nn.init.normal_(table.weight, std=config.d_model ** -0.5)
+            init_table(table, config, tokens)
             return table
 
         if config.share_embeddings:
@@ -46,7 +58,7 @@ class TokenModel(nn.Module):
             self.src_embed = embed(config.src_vocab_size)
             self.tgt_embed = embed(config.tgt_vocab_size)
         if config.position_encoding == "learned":
-            self.position_embed = embed(config.max_len + config.position_offset)
+            self.position_embed = embed(config.max_len + config.position_offset, tokens=False)
         elif config.position_encoding == "sinusoidal":  # a constant, never saved
             self.register_buffer("position_table", torch.tensor(position_rows(config)),
                                  persistent=False)  # (max_len, D), float64 until cast
@@ -54,7 +66,7 @@ class TokenModel(nn.Module):
 
     def init_output(self, config: TransformerConfig):
         if not config.tie_output:
-            self.output_projection = linear(config.d_model, config.tgt_vocab_size,
+            self.output_projection = linear(config, config.d_model, config.tgt_vocab_size,
                                             bias=config.output_bias)
         elif config.output_bias:
             self.output_bias = nn.Parameter(torch.zeros(config.tgt_vocab_size))

@@ -29,6 +29,7 @@ Architecture = Literal["encoder_decoder", "encoder_only", "decoder_only"]
 Activation = Literal["relu", "gelu", "silu"]
 PositionEncoding = Literal["sinusoidal", "learned", "none"]
 PositionLayout = Literal["interleaved", "half_split", "fairseq"]
+WeightInit = Literal["normal", "xavier"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,13 @@ class TransformerConfig:
     share_embeddings: bool = _field(True, "one table for source and target tokens")
     tie_output: bool = _field(True, "pre-softmax projection = target embedding^T")
     output_bias: bool = _field(False, "a bias on the pre-softmax projection")
+    # How a new model's weights are drawn (docs/training.md: the initialisation).
+    weight_init: WeightInit = _field(
+        "normal", "a new model's weights: normal, every matrix and token table N(0, "
+                  "init_std), padding's row 0 (Marian, BART); xavier, Xavier-uniform matrices "
+                  "and N(0, d_model^-0.5) tables (the paper's reference code), which learns "
+                  "far less per step in post-LN stacks 6 deep at the paper's schedule")
+    init_std: float = _field(0.02, "weight_init normal's standard deviation")
 
     def __post_init__(self):
         for name, annotation in _field_types().items():
@@ -91,6 +99,8 @@ class TransformerConfig:
                 f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if not self.init_std > 0:
+            raise ConfigError(f"init_std must be positive, got {self.init_std!r}")
         if not self.layer_norm_eps > 0:
             raise ConfigError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         if self.position_offset < 0:

@@ -57,7 +57,8 @@ FREE_FIELDS = {"architecture", "src_vocab_size", "tgt_vocab_size", "d_model", "n
                "d_ff", "num_encoder_layers", "num_decoder_layers", "dropout", "max_len",
                "pad_id", "bos_id", "eos_id", "pre_norm", "final_norm", "activation",
                "layer_norm_eps", "scale_embeddings", "position_encoding", "position_layout",
-               "position_offset", "share_embeddings", "tie_output", "output_bias"}
+               "position_offset", "share_embeddings", "tie_output", "output_bias",
+               "weight_init", "init_std"}
 # What the export writes into OUT: an earlier export may be replaced whole.
 OUTPUT_FILES = frozenset({"model.bin", "config.json", "shared_vocabulary.json",
                           "source_vocabulary.json", "target_vocabulary.json",

@@ -43,7 +43,9 @@ MARIAN_FIXED = {"pre_norm": False, "final_norm": False, "layer_norm_eps": 1e-5,
 MARIAN_FREE = {"src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                "num_encoder_layers", "num_decoder_layers", "dropout", "max_len", "pad_id",
                "bos_id", "eos_id", "activation", "scale_embeddings", "share_embeddings",
-               "tie_output", "output_bias"}
+               "tie_output", "output_bias", "init_std"}
+# Fields of how a new model is drawn, which a trained model's weights no longer depend on.
+INITIALISATION = {"weight_init"}
 
 
 def check_marian_expressible(config: TransformerConfig) -> None:
@@ -58,7 +60,7 @@ def check_marian_expressible(config: TransformerConfig) -> None:
         raise PortError(f"cannot export to Marian: activation={config.activation!r} "
                         f"(supported: {', '.join(sorted(HF_ACTIVATIONS))})")
     for field in dataclasses.fields(TransformerConfig):  # fields added later: defaults only
-        if field.name not in MARIAN_FIXED and field.name not in MARIAN_FREE:
+        if field.name not in (*MARIAN_FIXED, *MARIAN_FREE, *INITIALISATION):
             if getattr(config, field.name) != field.default:
                 raise PortError(f"cannot export to Marian: {field.name}="
                                 f"{getattr(config, field.name)!r} (the Marian export knows "
@@ -86,7 +88,7 @@ def hf_marian_config(config: TransformerConfig, dtype: str = "float32") -> dict[
         "decoder_start_token_id": config.bos_id,
         "forced_eos_token_id": None,  # our searches do not force an end token at max length
         **MARIAN_FIXED_FLAGS, "is_encoder_decoder": True, "is_decoder": False,
-        "use_cache": True, "init_std": 0.02, "dtype": dtype,
+        "use_cache": True, "init_std": config.init_std, "dtype": dtype,
     }
 
 

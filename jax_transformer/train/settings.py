@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 
 from jax_transformer.train.run_args import OLD_FLAGS
 from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
-                                     TransformerConfig)
+                                     TransformerConfig, WeightInit)
 from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -216,12 +216,12 @@ def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSet
     return dataclasses.replace(data, **{name: recorded[name] for name in PREPARED_FIELDS})
 
 
-def model_setting(name: str):
+def model_setting(name: str, resumable: bool = False):
     """A model flag: TransformerConfig's field `name` with its help text, defaulting to
     the tiny preset's value (the command line sets the chosen preset's)."""
     field = CONFIG_FIELDS[name]
     return setting(PRESETS[DEFAULT_PRESET].get(name, field.default), field.metadata["help"],
-                   aliases=OLD_FLAGS.get(name, ()))
+                   aliases=OLD_FLAGS.get(name, ()), resumable=resumable)
 
 
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TransformerConfig)}
@@ -248,6 +248,9 @@ class ModelSettings:
     share_embeddings: bool = model_setting("share_embeddings")
     tie_output: bool = model_setting("tie_output")
     output_bias: bool = model_setting("output_bias")
+    # how the weights were first drawn: a resumed run restores them
+    weight_init: WeightInit = model_setting("weight_init", resumable=True)
+    init_std: float = model_setting("init_std", resumable=True)
 
     def __post_init__(self):
         """Valid when the TransformerConfig it makes is: ConfigError's message, with the
