@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
                         bench_init_from, bench_serve, bench_train, bench_train_compile,
-                        finishing, race, race_report, report, step_variants)
+                        finishing, learning, race, race_report, report, step_variants)
 from benchmarks.report import Report, Table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -395,7 +395,7 @@ def test_committed_pages_are_rendered_from_their_results(results):
               "race": race, "compile": bench_compile, "serve": bench_serve,
               "step": step_variants, "finishing": finishing,
               "fsdp": bench_fsdp, "init": bench_init_from,
-              "startup": bench_train_compile}[results.stem.split("_")[0]]
+              "startup": bench_train_compile, "learning": learning}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -799,3 +799,38 @@ def test_finishing_smoke(tmp_path):
     assert [r["step"] for r in result["dev_bleu_curve"]] == [4, 8, 12]
     assert_cells(out.with_suffix(".md").read_text(), "average of the newest 3", "4 8 12",
                  "beam 4, alpha 0.6", f"{rows['last', 'greedy']['bleu']:.2f}")
+
+
+def learning_result(ours_losses, peer_losses) -> dict:
+    """A learning.py results dict: the peer, and train.py's defaults ("defaults"), each
+    with two seeds of the given dev losses (a list per seed) at steps 50 and 100."""
+    def rows(name, losses):
+        return [{"name": name, "seed": seed, "seconds": 1.0, "train_tokens_per_step": 100.0,
+                 "dev_curve": [{"step": step, "dev_loss": loss, "train_loss": loss + 0.5}
+                               for step, loss in zip((50, 100), seed_losses)]}
+                for seed, seed_losses in enumerate(losses)]
+    return {"settings": {"d_model": 16, "layers": 6, "warmup": 40, "eval_every": 50},
+            "runs": rows("peer", peer_losses) + rows("defaults", ours_losses),
+            "machine": {"jax_devices": ["cpu:0"], "cpus": 2, "platform": "linux"},
+            "versions": {"jax": "0"}}
+
+
+def test_learning_check_fails_where_ours_trails_the_peer_by_over_the_tolerance():
+    """--check reads the seeds' mean dev loss at each evaluation: ours may be at most
+    CHECK_TOLERANCE over the peer's."""
+    peer = [[6.0, 5.0], [6.2, 5.2]]  # means 6.1, 5.1
+    within = learning_result([[6.12, 4.9], [6.14, 5.0]], peer)  # 6.13, 4.95
+    assert learning.check(within, "defaults") == []
+    behind = learning_result([[6.12, 5.2], [6.14, 5.1]], peer)  # 6.13, 5.15
+    assert learning.check(behind, "defaults") == ["step 100: 5.150 against the peer's 5.100"]
+    with pytest.raises(SystemExit, match="needs the runs peer and old_recipe"):
+        learning.check(within, "old_recipe")
+
+
+def test_learning_page_reads_each_run_against_the_run_it_changes():
+    result = learning_result([[6.0, 5.0]], [[6.5, 5.5], [6.7, 5.7]])
+    page = report.render_markdown(learning.describe(result), "learning.json")
+    assert "| run | side | seed | what it changes | step 50 | step 100 | train loss |" in page
+    assert "| peer | peer | 1 |" in page and "6.700 | 5.700 | 6.200 | - | 100 |" in page
+    # defaults against the peer's mean final dev loss, 5.6
+    assert "| defaults | ours | 0 |" in page and "6.000 | 5.000 | 5.500 | -0.600 (peer) |" in page
