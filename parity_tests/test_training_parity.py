@@ -131,7 +131,12 @@ def test_gradients_match(name, dtype, direction, scan):
     ("encoder_only_pre_ln_learned", 1, "torch_to_flax", False),
     ("post_ln", 2, "flax_to_torch", True), ("decoder_only_pre_ln_untied", 1, "flax_to_torch", True)])
 def test_ten_optimizer_steps_match(name, accumulate, direction, scan):
-    config = ALL_CONFIGS[name].replace(dropout=0.0)
+    # Drawn the paper's way: from weight_init "normal"'s N(0, 0.02), ten steps of these
+    # 32-wide models are chaotic (torch against itself, its weights moved by 1e-15
+    # relative, ends 8e-8 apart in loss at step 10), so agreement to 1e-10 could not
+    # tell a port's error from the trajectory's own. One step (test_gradients_match)
+    # checks the default draw.
+    config = ALL_CONFIGS[name].replace(dropout=0.0, weight_init="xavier")
     steps, warmup, clip_norm = 10, 4, 0.25
     batches = [[make_batch(config, seed=10 * s + m, rows=2 + m) for m in range(accumulate)]
                for s in range(steps)]
