@@ -19,8 +19,8 @@ formula), dropout --dropout at the same four sites, float32. A run (RUNS) sets:
 
 - init: "marian" (Marian's `_init_weights`: every matrix and token table N(0, 0.02),
   padding's row 0, biases 0), "paper" (Xavier-uniform matrices, N(0, d_model^-0.5)
-  tables: train.py's default draw), one of the two parts of "paper" on
-  top of "marian", or "default" (train.py --weight-init normal). Both sides start from the
+  tables: train.py's draw before this ladder), one of the two parts of "paper" on
+  top of "marian", or "default" (train.py's draw now). Both sides start from the
   same tensors: ours' draw is ported into Marian (port/hf_export.py's naming).
 - batches: "padded" (race_peer.py's length-sorted batches of at most --max-tokens
   padded slots a side, widths a multiple of 8, rows padded up to --max-tokens with
@@ -32,7 +32,7 @@ The first runs make the sides as equal as the code allows ("peer" and "equal"); 
 later run changes one factor from the run it is read against. Writes JSON (default
 benchmarks/results/learning_cpu.json; runs of the same settings already there are
 kept, so the ladder can be measured in parts) and the same name with .md. --check:
-exit 1 if the run "defaults" (or the one named) trail the peer's dev loss by over
+exit 1 if train.py's defaults (or the run named) trail the peer's dev loss by over
 0.03 at any evaluation (the seeds' means).
 """
 
@@ -165,9 +165,8 @@ def initial_weights(args, vocab_size: int, init: str, seed: int) -> dict[str, np
     from jax_transformer.model import build_model
     from jax_transformer.pretrained import to_torch_state_dict
     config = our_config(args, vocab_size)
-    if init == "default":  # train.py --weight-init normal: jax_transformer's own draw
-        return to_torch_state_dict(build_model(config.replace(weight_init="normal"),
-                                               rngs=nnx.Rngs(seed)))
+    if init == "default":
+        return to_torch_state_dict(build_model(config, rngs=nnx.Rngs(seed)))
     paper = to_torch_state_dict(build_model(config.replace(weight_init="xavier"),
                                             rngs=nnx.Rngs(seed)))
     if init == "paper":
@@ -287,7 +286,7 @@ RUNS = [
     Run("old_recipe", "ours", "paper", "packed", "packed",
         "init: the paper's; so train.py's recipe before this ladder"),
     Run("defaults", "ours", "default", "packed", "peer",
-        "train.py --weight-init normal (its own draw of N(0, 0.02), packed rows)"),
+        "train.py's defaults now (its own draw of weight_init normal, packed rows)"),
 ]
 RUN_NAMES = [run.name for run in RUNS]
 CHECK_TOLERANCE = 0.03  # --check: ours' dev loss at most this much over the peer's
@@ -420,7 +419,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--check", metavar="RUN", nargs="?", const="defaults", choices=RUN_NAMES,
                    help="after measuring, exit 1 if RUN's dev loss (default: defaults, "
-                        f"train.py --weight-init normal) is over the peer's by more than {CHECK_TOLERANCE} at "
+                        f"train.py's) is over the peer's by more than {CHECK_TOLERANCE} at "
                         "any evaluation")
     p.add_argument("--workdir", type=Path, default=Path("runs/learning"),
                    help="the tokenizer and JAX's compilation cache")

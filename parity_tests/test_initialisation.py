@@ -1,9 +1,9 @@
 """Both frameworks draw a new model's weights from the same distributions, as
-config.weight_init says: xavier (the paper's, the default: Xavier-uniform matrices,
-tables N(0, d_model^-0.5)) or normal (Marian's: every matrix and token table N(0,
-init_std), padding's row 0); biases 0 and LayerNorms 1 and 0 either way.
-benchmarks/learning.py measured why normal matters: with xavier, a post-LN model 6+6
-deep learns far less per step at the paper's schedule with a short warm-up."""
+config.weight_init says: normal (the default: every matrix and token table N(0,
+init_std), padding's row 0) or xavier (the paper's: Xavier-uniform matrices, tables
+N(0, d_model^-0.5)); biases 0 and LayerNorms 1 and 0 either way.
+benchmarks/learning.py measured why normal is the default: with xavier, a post-LN
+model 6+6 deep learns far less per step at the paper's schedule."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def test_weights_are_drawn_as_weight_init_says(framework, weight_init):
                 assert np.abs(value).max() <= want * math.sqrt(3), key
 
 
-def test_init_std_sets_normals_scale():
+def test_normal_is_the_default_and_init_std_sets_its_scale():
+    assert TransformerConfig().weight_init == "normal"
     for framework in ("jax", "torch"):
-        wide = drawn(framework, CONFIG.replace(weight_init="normal", init_std=0.1))[
-            "encoder.layers.0.ffn.W_1.weight"]
+        wide = drawn(framework, CONFIG.replace(init_std=0.1))["encoder.layers.0.ffn.W_1.weight"]
         assert wide.std() == pytest.approx(0.1, rel=0.1)

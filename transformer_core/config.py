@@ -74,11 +74,10 @@ class TransformerConfig:
     output_bias: bool = _field(False, "a bias on the pre-softmax projection")
     # How a new model's weights are drawn (docs/training.md: the initialisation).
     weight_init: WeightInit = _field(
-        "xavier", "a new model's weights: xavier, Xavier-uniform matrices and N(0, "
-                  "d_model^-0.5) tables (the paper's reference code); normal, every matrix "
-                  "and token table N(0, init_std), padding's row 0 (Marian, BART), which "
-                  "learns far more per step in post-LN stacks 6 deep at the paper's schedule "
-                  "with a short warm-up (benchmarks/learning.py)")
+        "normal", "a new model's weights: normal, every matrix and token table N(0, "
+                  "init_std), padding's row 0 (Marian, BART); xavier, Xavier-uniform matrices "
+                  "and N(0, d_model^-0.5) tables (the paper's reference code), which learns "
+                  "far less per step in post-LN stacks 6 deep at the paper's schedule")
     init_std: float = _field(0.02, "weight_init normal's standard deviation")
 
     def __post_init__(self):
