@@ -9,7 +9,9 @@ As fairseq's binarized datasets (`fairseq-preprocess`, MMapIndexedDataset): a
 training process keeps only the lengths in memory (2 bytes a sentence) and
 gathers each batch's sentences from the map. A disk store maps its files for each
 gather and unmaps them after, so the pages it read stay in the page cache, not in
-the process's resident memory. Needs numpy alone.
+the process's resident memory. A store on disk is checked without reading it whole,
+by its files' sizes (`check_sizes`); a damaged file is a CorpusError naming it. Needs
+numpy (and corpora.py's CorpusError).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from jax_transformer.data.corpora import CorpusError
 
 MAX_LENGTH = np.iinfo(np.uint16).max  # the longest sentence a store holds
 FINGERPRINT_CHUNK = 10_000  # sentences a fingerprint hashes at a time (its definition)
@@ -140,6 +144,33 @@ class _Mapped:
     def __exit__(self, *exc) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def check_sizes(directory: Path, name: str, dtype: np.dtype, count: int) -> None:
+    """A CorpusError naming the file unless DIR/NAME.* have the sizes of a store of `count`
+    sentences of `dtype` values: the lengths and offsets `count`'s, the values those the
+    last offset ends at. Reads 8 bytes: a truncated or extended file is found, values
+    overwritten in place are not."""
+    path = Path(directory) / name
+    for suffix, item, entries in (("lengths", 2, count), ("offsets", 8, count + 1)):
+        size = os.path.getsize(f"{path}.{suffix}")
+        if size != item * entries:
+            raise damaged(f"{path}.{suffix}", f"is {size} bytes, not {item * entries} (the "
+                          f"{suffix} of its {count} sentences)")
+    end = int(np.fromfile(f"{path}.offsets", np.int64, count=1, offset=8 * count)[0])
+    dtype = np.dtype(dtype)
+    size = os.path.getsize(f"{path}.ids")
+    if size != end * dtype.itemsize:
+        raise damaged(f"{path}.ids", f"is {size} bytes, not {end * dtype.itemsize} (the {end} "
+                      f"{dtype.name} values its offsets end at)")
+
+
+def damaged(file: str | os.PathLike, why: str) -> CorpusError:
+    """The error for `file` of a prepared directory, not as the preparation wrote it: the
+    directory must be prepared anew (jaxformer-prepare keeps one whose sizes and key are
+    right, and a run reuses it)."""
+    directory = Path(file).parent
+    return CorpusError(f"{file} {why}: {directory} is damaged; remove it and prepare it again")
 
 
 class StoreWriter:
