@@ -117,6 +117,9 @@ DAMAGED = {
         lambda d: (d / "manifest.json").write_text('{"format": 1}'), "manifest.json"),
     "9-ids-dtype-bogus": (lambda d: edit_manifest(d, lambda m: m.update(ids_dtype="bogus")),
                           "manifest.json"),
+    "10-key-without-vocab-size": (
+        lambda d: edit_manifest(d, lambda m: m["key"]["corpus"].pop("vocab_size")),
+        "manifest.json"),
     "11-dev-json-a-link-out": (link_out, "dev.json"),
 }
 
