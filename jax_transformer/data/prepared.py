@@ -12,8 +12,9 @@ its stores read back.
 
 Opening a directory checks it without reading its stores whole: the manifest's fields,
 every file present and inside DIR (a link out of it is refused), the stores' sizes
-against their offsets and the manifest's counts, the held-out examples parsed. Anything
-else is a CorpusError naming the file. Needs numpy alone.
+against their offsets and the manifest's counts, the held-out examples parsed; the
+gathers check the ids against the vocabulary (store.py). Anything else is a
+CorpusError naming the file. Needs numpy alone.
 """
 
 from __future__ import annotations
@@ -126,9 +127,14 @@ class Prepared:
     def tokenizer_path(self) -> Path:
         return self.directory / TOKENIZER_FILE
 
-    def sides(self, split: str) -> tuple[TokenStore | None, TokenStore]:
-        """(source store or None for a language model's lines, target store)."""
-        stores = {side: TokenStore.open(self.directory, f"{split}.{side}", self.dtype)
+    def sides(self, split: str, vocab_sizes: tuple[int, int] | None = None
+              ) -> tuple[TokenStore | None, TokenStore]:
+        """(source store or None for a language model's lines, target store); with
+        `vocab_sizes` (source, target), each store's gathers check its ids against its
+        side's vocabulary."""
+        bounds = dict(zip(("src", "tgt"), vocab_sizes or (None, None)))
+        stores = {side: TokenStore.open(self.directory, f"{split}.{side}", self.dtype,
+                                        bounds[side])
                   for side in self.manifest["sides"]}
         return stores.get("src"), stores["tgt"]
 

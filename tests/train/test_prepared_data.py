@@ -4,17 +4,23 @@ and so is a damaged DIR, in one line naming the file."""
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from jax_transformer.commands import prepare as prepare_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.data.corpora import CorpusError
+from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import inputs
 from tests.data.test_prepare import tree_hashes, write_parallel
-from tests.train.runs import TINY, losses, tiny_run, tiny_settings
+from tests.train.runs import REPO_ROOT, TINY, losses, tiny_run, tiny_settings
 from transformer_core.errors import TrainError
+from transformer_core.tokenizer import Tokenizer
 
 # TINY's data flags: what jaxformer-prepare takes of them; the rest, what --data leaves.
 DATA_FLAGS = TINY[:TINY.index("--d-model")]
@@ -139,3 +145,45 @@ def test_a_damaged_directory_is_one_line_naming_the_file(whole, tmp_path, capsys
     assert err[0].endswith(f": {directory} is damaged; remove it and prepare it again"), err
     assert tree_hashes(tmp_path) == before  # no work directory, nothing changed
 
+
+def overwrite_ids(path, value: int, sentence: int | None = None) -> None:
+    """`value` in place of every id of a store's NAME.ids, or of `sentence`'s first id."""
+    ids = np.fromfile(path, np.uint16)
+    if sentence is None:
+        ids[:] = value
+    else:
+        ids[np.fromfile(str(path).replace(".ids", ".offsets"), np.int64)[sentence]] = value
+    ids.tofile(path)
+
+
+def test_ids_outside_the_vocabulary_are_named_by_the_gather_that_meets_them(whole, tmp_path):
+    """Case 12: ids overwritten in place (the sizes whole) trained to a nan loss. A store
+    of the vocabulary's size checks each gather's ids; the directory opens as it did."""
+    directory = copy_of(whole, tmp_path)
+    vocab = Tokenizer(directory / "tokenizer.model").vocab_size
+    sentences = np.arange(Prepared(directory).manifest["splits"]["train"]["examples"])
+    for side in Prepared(directory).sides("train", (vocab, vocab)):
+        side.gather(sentences)  # every id of a whole preparation is in the vocabulary
+    overwrite_ids(directory / "train.tgt.ids", vocab, sentence=7)
+    _, target = Prepared(directory).sides("train", (vocab, vocab))
+    target.gather(np.array([3, 9]))
+    with pytest.raises(CorpusError, match="^" + re.escape(
+            f"{directory / 'train.tgt.ids'} holds id {vocab} in sentence 7, outside the "
+            f"vocabulary of {vocab} pieces: {directory} is damaged; remove it and prepare it "
+            "again") + "$"):
+        target.gather(np.array([3, 7, 9]))
+
+
+@pytest.mark.slow  # a train.py subprocess
+def test_train_py_stops_at_ids_outside_the_vocabulary_with_one_line(whole, tmp_path):
+    """The issue's run: every training target id overwritten, same size: it was `loss nan
+    ... stopping`, exit 1, which reads as a diverged run."""
+    directory = copy_of(whole, tmp_path)
+    overwrite_ids(directory / "train.tgt.ids", 60000)
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path / "run"),
+                             "--data", str(directory), *MODEL_FLAGS, "--steps", "2"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert errors == [result.stderr.strip().splitlines()[-1]] and errors[0].startswith(
+        f"error: {directory / 'train.tgt.ids'} holds id 60000 in sentence "), result.stderr
