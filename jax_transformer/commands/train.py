@@ -33,14 +33,14 @@ import sys
 from simple_parsing import ArgumentParser, DashVariant
 
 from jax_transformer.commands import exit_codes, parsing
-from jax_transformer.data.prepared import Prepared
+from jax_transformer.data.prepared import MANIFEST, Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.runtime import jax_variables
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
                                             PRESET_TRAIN_DEFAULTS, PRESETS,
                                             TASK_DEFAULTS, DataSettings, ModelSettings,
                                             RunSettings, TrainError, TrainSettings,
-                                            from_prepared)
+                                            from_prepared, prepared_settings)
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -63,12 +63,13 @@ def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 class Chosen:
     """What the command line says before its flags are parsed, because other flags'
     defaults come from it: --preset and --layers, the task, and the --init-from
-    checkpoint (read and checked once) or the --data corpus."""
+    checkpoint (read and checked once) or the corpus settings --data DIR was prepared
+    with (DIR checked once)."""
     preset: str
     layers: int | None
     task: str
     init: finetune.InitDir | None
-    prepared: Prepared | None
+    prepared: dict | None
 
 
 def pre_parse(argv=None) -> Chosen:
@@ -78,9 +79,10 @@ def pre_parse(argv=None) -> Chosen:
         p.add_argument(flag)
     known = p.parse_known_args(argv)[0]
     init = finetune.read_init_dir(known.init_from) if known.init_from else None
-    prepared = Prepared(known.data) if known.data else None
+    prepared = (prepared_settings(Prepared(known.data).key["corpus"],
+                                  os.path.join(known.data, MANIFEST)) if known.data else None)
     default_task = (init.task if init and init.task else
-                    prepared.key["corpus"]["task"] if prepared else "translate")
+                    prepared["task"] if prepared else "translate")
     return Chosen(known.preset, known.layers, known.task or default_task, init, prepared)
 
 
@@ -139,7 +141,7 @@ def command_line(argv=None) -> tuple[RunSettings, finetune.InitDir | None]:
             raise TrainError(f"--data {data.data} holds a corpus encoded with its own "
                              f"tokenizer; --init-from {train.init_from} brings the "
                              "checkpoint's: drop --data, and give the corpus files")
-        data = from_prepared(data, chosen.prepared.key["corpus"], data.data)
+        data = from_prepared(data, chosen.prepared, data.data)
     if data.task == "lm" and train.keep_best in ("dev_bleu", "dev_chrf"):
         raise TrainError(f"--keep-best {train.keep_best} scores translations; a --task lm run "
                          "keeps the best by dev_loss")

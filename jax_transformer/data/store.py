@@ -9,7 +9,10 @@ As fairseq's binarized datasets (`fairseq-preprocess`, MMapIndexedDataset): a
 training process keeps only the lengths in memory (2 bytes a sentence) and
 gathers each batch's sentences from the map. A disk store maps its files for each
 gather and unmaps them after, so the pages it read stay in the page cache, not in
-the process's resident memory. Needs numpy alone.
+the process's resident memory. A store on disk is checked without reading it whole:
+its files' sizes (`check_sizes`), and the ids of each gather against the vocabulary
+(`vocab_size`); a damaged file is a CorpusError naming it. Needs numpy (and
+corpora.py's CorpusError).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from jax_transformer.data.corpora import CorpusError
 
 MAX_LENGTH = np.iinfo(np.uint16).max  # the longest sentence a store holds
 FINGERPRINT_CHUNK = 10_000  # sentences a fingerprint hashes at a time (its definition)
@@ -35,13 +40,15 @@ class TokenStore:
 
     `lengths` ((n,) uint16) is in memory; the values are an array (`in_memory`) or the
     files DIR/NAME.* (`open`). `bytes_read` counts the bytes of values and offsets
-    that gathers asked for: what this process read of the store."""
+    that gathers asked for: what this process read of the store. A store opened with a
+    `vocab_size` holds token ids, each gather checked to lie in [0, vocab_size)."""
 
     def __init__(self, lengths: np.ndarray, values: np.ndarray | None = None,
                  offsets: np.ndarray | None = None, path: Path | None = None,
-                 dtype: np.dtype | None = None):
+                 dtype: np.dtype | None = None, vocab_size: int | None = None):
         self.lengths, self._values, self._offsets, self.path = lengths, values, offsets, path
         self.dtype = np.dtype(dtype if dtype is not None else values.dtype)
+        self.vocab_size = vocab_size
         self.bytes_read = 0
 
     @classmethod
@@ -58,10 +65,12 @@ class TokenStore:
         return cls(lengths.astype(np.uint16), values, offsets)
 
     @classmethod
-    def open(cls, directory: Path, name: str, dtype: np.dtype) -> "TokenStore":
+    def open(cls, directory: Path, name: str, dtype: np.dtype,
+             vocab_size: int | None = None) -> "TokenStore":
         """DIR/NAME.*, as StoreWriter wrote them; only the lengths are read now."""
         path = Path(directory) / name
-        return cls(np.fromfile(f"{path}.lengths", np.uint16), path=path, dtype=dtype)
+        return cls(np.fromfile(f"{path}.lengths", np.uint16), path=path, dtype=dtype,
+                   vocab_size=vocab_size)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -79,8 +88,20 @@ class TokenStore:
             # One index per value: its sentence's start in the store, plus its place in it.
             index = np.repeat(starts - starts_in_out, lengths) + np.arange(lengths.sum())
             out = np.asarray(values[index])
+        if self.vocab_size is not None and out.size and (
+                out.max() >= self.vocab_size or out.min() < 0):
+            raise self._outside_vocabulary(out, indices, lengths)
         self.bytes_read += out.nbytes + 8 * len(indices)
         return out
+
+    def _outside_vocabulary(self, out: np.ndarray, indices: np.ndarray,
+                            lengths: np.ndarray) -> CorpusError:
+        """The error for `out`, the sentences at `indices` (of `lengths`) one after
+        another, which hold an id outside the vocabulary: naming the first and its sentence."""
+        at = int(np.argmax((out >= self.vocab_size) | (out < 0)))
+        sentence = indices[np.searchsorted(np.cumsum(lengths), at, side="right")]
+        return damaged(f"{self.path}.ids", f"holds id {out[at]} in sentence {sentence}, outside "
+                       f"the vocabulary of {self.vocab_size} pieces")
 
     def each(self, indices: np.ndarray) -> list[bytes]:
         """The sentences at `indices`, each as its bytes, read one at a time (a disk store:
@@ -140,6 +161,33 @@ class _Mapped:
     def __exit__(self, *exc) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def check_sizes(directory: Path, name: str, dtype: np.dtype, count: int) -> None:
+    """A CorpusError naming the file unless DIR/NAME.* have the sizes of a store of `count`
+    sentences of `dtype` values: the lengths and offsets `count`'s, the values those the
+    last offset ends at. Reads 8 bytes: a truncated or extended file is found, values
+    overwritten in place are not (gather's vocabulary check finds those)."""
+    path = Path(directory) / name
+    for suffix, item, entries in (("lengths", 2, count), ("offsets", 8, count + 1)):
+        size = os.path.getsize(f"{path}.{suffix}")
+        if size != item * entries:
+            raise damaged(f"{path}.{suffix}", f"is {size} bytes, not {item * entries} (the "
+                          f"{suffix} of its {count} sentences)")
+    end = int(np.fromfile(f"{path}.offsets", np.int64, count=1, offset=8 * count)[0])
+    dtype = np.dtype(dtype)
+    size = os.path.getsize(f"{path}.ids")
+    if size != end * dtype.itemsize:
+        raise damaged(f"{path}.ids", f"is {size} bytes, not {end * dtype.itemsize} (the {end} "
+                      f"{dtype.name} values its offsets end at)")
+
+
+def damaged(file: str | os.PathLike, why: str) -> CorpusError:
+    """The error for `file` of a prepared directory, not as the preparation wrote it: the
+    directory must be prepared anew (jaxformer-prepare keeps one whose sizes and key are
+    right, and a run reuses it)."""
+    directory = Path(file).parent
+    return CorpusError(f"{file} {why}: {directory} is damaged; remove it and prepare it again")
 
 
 class StoreWriter:

@@ -156,12 +156,14 @@ class TrainingRun:
             log(f"fine-tuning {init.directory} (fingerprint {recorded[FINGERPRINT]})")
         check_run_settings(self.workdir, recorded, self.resuming, self.primary)
         special_ids = self.prepare_data(recorded.get(FINGERPRINT))
+        config = self.model_config()
         saved = self.checkpointer.data_state() if self.resuming else None
-        self.batches = make_batches({split: self.data.sides(split) for split in SPLITS},
+        vocab_sizes = config.src_vocab_size, config.tgt_vocab_size  # the ids the model embeds
+        self.batches = make_batches({split: self.data.sides(split, vocab_sizes)
+                                     for split in SPLITS},
                                     self.settings.data, settings.seed, special_ids,
                                     {split: self.data.fingerprint(split) for split in SPLITS},
                                     batch_multiple(saved))
-        config = self.model_config()
         weights = None
         if init is not None and not self.resuming:  # a resume restores its own weights
             _, tensors = checkpoint_dir.load_dir(init.directory)

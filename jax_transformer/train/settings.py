@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 
+from jax_transformer.data.store import damaged
 from jax_transformer.train.run_args import OLD_FLAGS
 from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
                                      TransformerConfig, WeightInit)
@@ -205,9 +206,26 @@ PREPARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)  # a pr
                         if f.name not in ("data", "max_tokens"))
 
 
+def prepared_settings(recorded: dict, manifest: str | os.PathLike) -> dict:
+    """The corpus settings a prepared directory's `manifest` records (its key's "corpus"):
+    PREPARED_FIELDS, each of its flag's type; a CorpusError naming the manifest when one
+    is missing or of another type."""
+    types = get_type_hints(DataSettings)
+    for name in PREPARED_FIELDS:
+        if name not in recorded:
+            problem = f"has no key.corpus.{name}"
+        elif not isinstance(recorded[name], types[name]) or isinstance(recorded[name], bool):
+            problem = f"has key.corpus.{name} {recorded[name]!r}, not a value {flag(name)} takes"
+        else:
+            continue
+        raise damaged(manifest, problem)
+    return {name: recorded[name] for name in PREPARED_FIELDS}
+
+
 def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSettings:
-    """`data` with the corpus settings a prepared directory recorded; a TrainError naming
-    the flag when one given differs from them (a flag at its default follows them)."""
+    """`data` with the corpus settings a prepared directory recorded (prepared_settings');
+    a TrainError naming the flag when one given differs from them (a flag at its default
+    follows them)."""
     for name in PREPARED_FIELDS:
         given, then = getattr(data, name), recorded[name]
         if given != then and given != getattr(DataSettings, name):
