@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors
 import safetensors.numpy
 
+from jax_transformer.commands import average as average_command
 from transformer_core.checkpoint_dir import expected_shapes, load_dir, save_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
@@ -44,6 +46,12 @@ def checkpoint(directory: Path, tokenizer, seed: int, **changes) -> Path:
 def average(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jax_transformer.commands.average",
                            *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def disk_full(*args, **kwargs):
+    """safetensors.numpy.save_file on a full disk: the error it raises, word for word."""
+    raise safetensors.SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)")
 
 
 def weights(directory: Path) -> dict[str, np.ndarray]:
@@ -127,6 +135,18 @@ def test_a_tokenizer_file_linked_out_of_the_checkpoint_is_refused(tmp_path, toke
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: {a / 'special_tokens_map.json'} is a link to ")
     assert not (tmp_path / "avg").exists()
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, tokenizer, capsys, monkeypatch):
+    """Before: safetensors' SafetensorError, not an OSError, went past the wrapper as a
+    traceback."""
+    a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    code = average_command.main([str(a), str(b), "--output", str(tmp_path / "avg")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [
+        f"error: [Errno 28] No space left on device: '{tmp_path / 'avg' / 'model.safetensors'}'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
 @pytest.mark.slow  # JAX loads the model

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import safetensors.numpy
 
 from transformer_core.checkpoint_dir import (CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE,
                                              CheckpointError, check_state_dict,
                                              directory_written_whole, file_to_copy, read_config,
-                                             read_weights, write_atomically)
+                                             read_weights, write_safetensors)
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import listing
 
@@ -102,7 +101,7 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
     tensors = mean.result()
     check_state_dict(tensors, config, source=str(directories[0] / WEIGHTS_FILE))
     with directory_written_whole(output) as tmp:
-        write_atomically(tmp / WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(tensors, p))
+        write_safetensors(tmp / WEIGHTS_FILE, tensors)
         for name in (CONFIG_FILE, *tokenizer_files(directories[0])):
             (tmp / name).write_bytes(file_to_copy(directories[0], name).read_bytes())
     return output
