@@ -61,6 +61,7 @@ SCAN_CHOICES = ("auto", "on", "off")  # --scan-layers
 # --keep-best's metrics (metrics.jsonl's names), and whether higher or lower is better.
 BEST_METRICS = {"dev_bleu": "max", "dev_chrf": "max", "dev_loss": "min"}
 EXPORTS = ("last", "best", "average")  # --export
+DEFAULT_AVERAGE_LAST = 5  # --export average's checkpoints: the paper's base models'
 # The test translation of the paper's models: beam 4, length penalty 0.6 (--alpha's default).
 PRESET_TRAIN_DEFAULTS = {"base": {"beam": 4}, "big": {"beam": 4}}
 
@@ -363,9 +364,10 @@ class TrainSettings:
         "last", "the model WORKDIR/export holds, and the final evaluation judges: last: the "
                 "trained one; best: --keep-best's checkpoint; average: the mean of the newest "
                 "--average-last checkpoints (the paper's)", choices=EXPORTS, resumable=True)
-    average_last: int = setting(5, "--export average: how many of the newest checkpoints "
-                                   "(the paper: 5 for base models, 20 for big); --keep must be "
-                                   "at least this", metavar="N", resumable=True)
+    average_last: int | None = setting(
+        None, f"--export average: how many of the newest checkpoints (default "
+              f"{DEFAULT_AVERAGE_LAST}; the paper: 5 for base models, 20 for big); --keep must be "
+              "at least this", metavar="N", resumable=True)
     log_every: int = setting(1, "steps between reads of the training metrics (loss, gradient "
                                 "norm) from the devices; each read waits only for the step "
                                 "before the one just started, so the devices never idle on it",
@@ -427,8 +429,7 @@ class TrainSettings:
     def __post_init__(self):
         refuse_empty_paths(self)
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last",
-                     "fsdp"):
+                     "log_every", "beam", "decode_batch_size", "scan_unroll", "fsdp"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
         require(self.cpu_devices is None or self.cpu_devices >= 1,
@@ -486,12 +487,24 @@ class TrainSettings:
         require(self.export != "best" or self.keep_best,
                 f"--export best exports --keep-best's checkpoint: give --keep-best "
                 f"{' | '.join(BEST_METRICS)}")
-        require(self.export != "average" or self.keep >= self.average_last,
-                f"--export average averages the newest --average-last {self.average_last} "
-                f"checkpoints: --keep must be at least {self.average_last}, got {self.keep}")
+        require(self.average_last is None or self.average_last >= 1,
+                f"--average-last must be at least 1, got {self.average_last}")
+        require(self.average_last is None or self.export == "average",
+                f"--average-last {self.average_last} counts the checkpoints --export average "
+                f"averages, and the export is --export {self.export}: add --export average, "
+                "or drop --average-last")
+        require(self.export != "average" or self.keep >= self.averaged_checkpoints,
+                f"--export average averages the newest --average-last "
+                f"{self.averaged_checkpoints} checkpoints: --keep must be at least "
+                f"{self.averaged_checkpoints}, got {self.keep}")
         require(self.keep_best not in ("dev_bleu", "dev_chrf") or self.dev_bleu_sentences,
                 f"--keep-best {self.keep_best} needs the dev set translated: "
                 "--dev-bleu-sentences must be at least 1")
+
+    @property
+    def averaged_checkpoints(self) -> int:
+        """--export average: how many of the newest checkpoints it averages."""
+        return self.average_last or DEFAULT_AVERAGE_LAST
 
 
 def _name_metavars(*settings_classes) -> None:
