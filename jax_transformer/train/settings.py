@@ -31,6 +31,9 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
 MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
 MAX_WAIT_SECONDS = 86400  # --peer-timeout and --join-timeout: a day
+# --cpu-devices: more devices than the CPU has cores only run slower, and JAX's start-up
+# grows faster than the count (minutes for tens of thousands); no CPU has more cores.
+MAX_CPU_DEVICES = 1024
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -406,8 +409,8 @@ class TrainSettings:
                                          f"(at most {MAX_WAIT_SECONDS})",
                                   metavar="SECONDS", resumable=True)
     cpu_devices: int | None = setting(
-        None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
-              "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
+        None, f"on a CPU: JAX devices to split it into (at most {MAX_CPU_DEVICES}), each "
+              "running its share of a batch's rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
               "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
               "docs/performance.md); a resumed run may change it to a number dividing the "
               "device count its checkpoint was saved on (its batches keep their rows, which "
@@ -432,8 +435,10 @@ class TrainSettings:
                      "log_every", "beam", "decode_batch_size", "scan_unroll", "fsdp"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
-        require(self.cpu_devices is None or self.cpu_devices >= 1,
-                f"--cpu-devices must be at least 1, got {self.cpu_devices}")
+        require(self.cpu_devices is None or 1 <= self.cpu_devices <= MAX_CPU_DEVICES,
+                f"--cpu-devices must be from 1 to {MAX_CPU_DEVICES} (no CPU has more cores to "
+                "give them, and JAX takes minutes to start tens of thousands of devices), "
+                f"got {self.cpu_devices}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
         require(self.lr > 0, f"--lr must be positive, got {self.lr}")
         require(self.lr_schedule in SCHEDULES, f"--lr-schedule must be one of "
