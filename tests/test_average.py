@@ -3,6 +3,7 @@ model, refused for different models, and taken by translate."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,9 +75,10 @@ def test_the_average_is_the_parameter_mean(tmp_path, tokenizer):
     assert (tmp_path / "avg" / "tokenizer.model").read_bytes() == tokenizer.path.read_bytes()
 
 
-def test_one_checkpoint_averaged_n_times_is_itself_bit_for_bit(tmp_path, tokenizer):
+def test_copies_of_one_checkpoint_average_to_it_bit_for_bit(tmp_path, tokenizer):
     a = checkpoint(tmp_path / "a", tokenizer, 2)
-    assert average(a, a, a, "--output", tmp_path / "avg").returncode == 0
+    copies = [shutil.copytree(a, tmp_path / name) for name in ("b", "c")]
+    assert average(a, *copies, "--output", tmp_path / "avg").returncode == 0
     mean, original = weights(tmp_path / "avg"), weights(a)
     for name in original:
         assert mean[name].tobytes() == original[name].tobytes(), name
@@ -135,6 +137,19 @@ def test_a_tokenizer_file_linked_out_of_the_checkpoint_is_refused(tmp_path, toke
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: {a / 'special_tokens_map.json'} is a link to ")
     assert not (tmp_path / "avg").exists()
+
+
+def test_a_checkpoint_given_twice_is_refused(tmp_path, tokenizer, capsys, monkeypatch):
+    """However it is spelt. Before: it was averaged twice without a word, weighing it double."""
+    a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)
+    monkeypatch.chdir(tmp_path)
+    for given, named in (([a, b, a], f"{a} is given twice"),
+                         ([a, b, "a/."], f"{a} is given twice (as {a} and a)")):
+        code = average_command.main([*map(str, given), "--output", str(tmp_path / "avg")])
+        assert code == 2 and capsys.readouterr().err.splitlines() == [
+            f"error: {named}: an average takes each checkpoint once, and the same one twice "
+            "would weigh it double; give it once"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, tokenizer, capsys, monkeypatch):

@@ -5,7 +5,7 @@ scripts/average_checkpoints.py and Marian's --average-checkpoints do it.
     mean = ParameterMean(); mean.add(tensors, "DIR"); ...; mean.result()
     average_dirs([DIR, DIR, ...], OUT)   checkpoint directories -> their mean, in OUT
 
-Sums are float64 and the mean float32, so averaging one checkpoint N times gives it
+Sums are float64 and the mean float32, so averaging N copies of one checkpoint gives it
 back bit for bit. Needs numpy and safetensors only (no framework).
 """
 
@@ -84,6 +84,19 @@ def check_same_model(directories: Sequence[Path]) -> TransformerConfig:
     return configs[0]
 
 
+def check_each_once(directories: Sequence[Path]) -> None:
+    """A CheckpointError naming the first directory given twice (however spelt): the mean
+    would weigh it double."""
+    seen: dict[Path, Path] = {}
+    for directory in directories:
+        first = seen.setdefault(directory.resolve(), directory)
+        if first is not directory:
+            also = f" (as {first} and {directory})" if str(first) != str(directory) else ""
+            raise CheckpointError(f"{first} is given twice{also}: an average takes each "
+                                  "checkpoint once, and the same one twice would weigh it "
+                                  "double; give it once")
+
+
 def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
     """Write the mean of checkpoint `directories` (one model: the same config and
     tokenizer) to `output` as a checkpoint directory, whole or not at all; returns it."""
@@ -94,6 +107,7 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
         if directory.resolve() == output.resolve():
             raise CheckpointError(f"--output {output} is one of the checkpoints averaged: "
                                   "write the average to a new directory")
+    check_each_once(directories)
     config = check_same_model(directories)
     mean = ParameterMean()
     for directory in directories:
