@@ -3,14 +3,17 @@ model, refused for different models, and taken by translate."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors
 import safetensors.numpy
 
+from jax_transformer.commands import average as average_command
 from transformer_core.checkpoint_dir import expected_shapes, load_dir, save_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
@@ -46,6 +49,12 @@ def average(*args) -> subprocess.CompletedProcess:
                            *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
+def disk_full(*args, **kwargs):
+    """safetensors.numpy.save_file on a full disk: the error it raises, word for word."""
+    raise safetensors.SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)")
+
+
 def weights(directory: Path) -> dict[str, np.ndarray]:
     return safetensors.numpy.load_file(directory / "model.safetensors")
 
@@ -66,9 +75,10 @@ def test_the_average_is_the_parameter_mean(tmp_path, tokenizer):
     assert (tmp_path / "avg" / "tokenizer.model").read_bytes() == tokenizer.path.read_bytes()
 
 
-def test_one_checkpoint_averaged_n_times_is_itself_bit_for_bit(tmp_path, tokenizer):
+def test_copies_of_one_checkpoint_average_to_it_bit_for_bit(tmp_path, tokenizer):
     a = checkpoint(tmp_path / "a", tokenizer, 2)
-    assert average(a, a, a, "--output", tmp_path / "avg").returncode == 0
+    copies = [shutil.copytree(a, tmp_path / name) for name in ("b", "c")]
+    assert average(a, *copies, "--output", tmp_path / "avg").returncode == 0
     mean, original = weights(tmp_path / "avg"), weights(a)
     for name in original:
         assert mean[name].tobytes() == original[name].tobytes(), name
@@ -127,6 +137,31 @@ def test_a_tokenizer_file_linked_out_of_the_checkpoint_is_refused(tmp_path, toke
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"error: {a / 'special_tokens_map.json'} is a link to ")
     assert not (tmp_path / "avg").exists()
+
+
+def test_a_checkpoint_given_twice_is_refused(tmp_path, tokenizer, capsys, monkeypatch):
+    """However it is spelt. Before: it was averaged twice without a word, weighing it double."""
+    a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)
+    monkeypatch.chdir(tmp_path)
+    for given, named in (([a, b, a], f"{a} is given twice"),
+                         ([a, b, "a/."], f"{a} is given twice (as {a} and a)")):
+        code = average_command.main([*map(str, given), "--output", str(tmp_path / "avg")])
+        assert code == 2 and capsys.readouterr().err.splitlines() == [
+            f"error: {named}: an average takes each checkpoint once, and the same one twice "
+            "would weigh it double; give it once"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, tokenizer, capsys, monkeypatch):
+    """Before: safetensors' SafetensorError, not an OSError, went past the wrapper as a
+    traceback."""
+    a, b = checkpoint(tmp_path / "a", tokenizer, 0), checkpoint(tmp_path / "b", tokenizer, 1)
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    code = average_command.main([str(a), str(b), "--output", str(tmp_path / "avg")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [
+        f"error: [Errno 28] No space left on device: '{tmp_path / 'avg' / 'model.safetensors'}'"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
 @pytest.mark.slow  # JAX loads the model

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import safetensors
+import safetensors.numpy
 import safetensors.torch
 import torch
 
@@ -282,6 +284,33 @@ def test_a_copied_tokenizer_file_is_checked(tmp_path, capsys, direction, kind):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stderr.splitlines() == [message], result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def disk_full(*args, **kwargs):
+    """safetensors.numpy.save_file on a full disk: the error it raises, word for word."""
+    raise safetensors.SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("direction", ["--to", "--from"])
+def test_a_full_disk_is_one_error_line_and_leaves_nothing(tmp_path, capsys, monkeypatch,
+                                                          direction):
+    """Both writers of weights: hf_export's (--to hf-marian) and checkpoint_dir.save_dir
+    (every --from). Before: safetensors' SafetensorError, not an OSError, was a traceback."""
+    out = tmp_path / "out"
+    if direction == "--to":
+        argv = ["--to", "hf-marian", exportable_checkpoint(tmp_path / "ours"), out]
+    else:
+        torch.save(state_dict(), tmp_path / "model.pt")
+        CONFIG.to_json(tmp_path / "config.json")
+        argv = ["--from", "torch-reference", tmp_path / "model.pt", out, "--config",
+                tmp_path / "config.json"]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    code, err = run_port(argv, capsys)
+    assert_one_error_line(code, err, "error: [Errno 28] No space left on device: "
+                                     f"'{out / 'model.safetensors'}'")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_a_directory_holding_other_files_is_refused(tmp_path, capsys):

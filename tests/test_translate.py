@@ -278,6 +278,34 @@ def test_command_line_refuses_binary_stdin(torch_checkpoint):
         "error: stdin is not UTF-8 text (line 2, byte 2: invalid start byte)"]
 
 
+def test_a_closed_stdin_is_one_clear_error_before_any_work(torch_checkpoint, tmp_path, capsys,
+                                                            monkeypatch):
+    """Python's sys.stdin is None when file descriptor 0 is closed (`<&-`). Before: an
+    AttributeError traceback ('NoneType' object has no attribute 'fileno')."""
+    monkeypatch.setattr(sys, "stdin", None)
+    monkeypatch.setattr(translate, "load",
+                        lambda *args: pytest.fail("loaded the model before reading stdin"))
+    for flags in ([], ["--input", "-"]):
+        code, out, err = run_main(["--checkpoint", torch_checkpoint, "--output",
+                                   tmp_path / "out.txt", *flags], capsys)
+        assert (code, out) == (2, []) and err.splitlines() == [
+            "error: stdin is closed (<&-), so there is nothing to translate: give the "
+            "sentences on stdin (< FILE, a pipe) or with --input FILE"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_command_line_with_stdin_closed_is_one_line(torch_checkpoint):
+    result = subprocess.run(["bash", "-c", 'exec "$0" -m jax_transformer.commands.translate '
+                             '--checkpoint "$1" --framework torch <&-', sys.executable,
+                             str(torch_checkpoint)], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.splitlines() == [
+        "error: stdin is closed (<&-), so there is nothing to translate: give the sentences "
+        "on stdin (< FILE, a pipe) or with --input FILE"]
+
+
 @pytest.mark.parametrize("output", ["missing/out.txt", "."])
 def test_output_is_checked_before_any_work(torch_checkpoint, tmp_path, capsys, monkeypatch,
                                            output):

@@ -5,7 +5,7 @@ scripts/average_checkpoints.py and Marian's --average-checkpoints do it.
     mean = ParameterMean(); mean.add(tensors, "DIR"); ...; mean.result()
     average_dirs([DIR, DIR, ...], OUT)   checkpoint directories -> their mean, in OUT
 
-Sums are float64 and the mean float32, so averaging one checkpoint N times gives it
+Sums are float64 and the mean float32, so averaging N copies of one checkpoint gives it
 back bit for bit. Needs numpy and safetensors only (no framework).
 """
 
@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import safetensors.numpy
 
 from transformer_core.checkpoint_dir import (CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE,
                                              CheckpointError, check_state_dict,
                                              directory_written_whole, file_to_copy, read_config,
-                                             read_weights, write_atomically)
+                                             read_weights, write_safetensors)
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import listing
 
@@ -85,6 +84,19 @@ def check_same_model(directories: Sequence[Path]) -> TransformerConfig:
     return configs[0]
 
 
+def check_each_once(directories: Sequence[Path]) -> None:
+    """A CheckpointError naming the first directory given twice (however spelt): the mean
+    would weigh it double."""
+    seen: dict[Path, Path] = {}
+    for directory in directories:
+        first = seen.setdefault(directory.resolve(), directory)
+        if first is not directory:
+            also = f" (as {first} and {directory})" if str(first) != str(directory) else ""
+            raise CheckpointError(f"{first} is given twice{also}: an average takes each "
+                                  "checkpoint once, and the same one twice would weigh it "
+                                  "double; give it once")
+
+
 def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.PathLike) -> Path:
     """Write the mean of checkpoint `directories` (one model: the same config and
     tokenizer) to `output` as a checkpoint directory, whole or not at all; returns it."""
@@ -95,6 +107,7 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
         if directory.resolve() == output.resolve():
             raise CheckpointError(f"--output {output} is one of the checkpoints averaged: "
                                   "write the average to a new directory")
+    check_each_once(directories)
     config = check_same_model(directories)
     mean = ParameterMean()
     for directory in directories:
@@ -102,7 +115,7 @@ def average_dirs(directories: Sequence[str | os.PathLike], output: str | os.Path
     tensors = mean.result()
     check_state_dict(tensors, config, source=str(directories[0] / WEIGHTS_FILE))
     with directory_written_whole(output) as tmp:
-        write_atomically(tmp / WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(tensors, p))
+        write_safetensors(tmp / WEIGHTS_FILE, tensors)
         for name in (CONFIG_FILE, *tokenizer_files(directories[0])):
             (tmp / name).write_bytes(file_to_copy(directories[0], name).read_bytes())
     return output

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -152,12 +153,30 @@ def save_dir(directory: str | os.PathLike, config: TransformerConfig,
     check_state_dict(tensors, config)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    write_atomically(directory / WEIGHTS_FILE, lambda p: safetensors.numpy.save_file(arrays, p))
+    write_safetensors(directory / WEIGHTS_FILE, {k: np.ascontiguousarray(v)
+                                                 for k, v in tensors.items()})
     write_atomically(directory / CONFIG_FILE, config.to_json)
     if tokenizer is not None and Path(tokenizer).resolve() != (directory / TOKENIZER_FILE).resolve():
         write_atomically(directory / TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer, p))
     return directory
+
+
+def write_safetensors(path: str | os.PathLike, arrays: Mapping[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write `arrays` to `path` as a safetensors file, atomically (write_atomically).
+    safetensors reports a failed write (a full disk, a quota) as a SafetensorError, not an
+    OSError ("Error while serializing: I/O error: No space left on device (os error
+    28)"): it is raised as that OSError, naming `path`, so the commands and train.py's
+    full-disk check take it as they take any failed write."""
+    try:
+        write_atomically(path, lambda tmp: safetensors.numpy.save_file(arrays, tmp,
+                                                                       metadata=metadata))
+    except safetensors.SafetensorError as e:
+        reported = re.search(r"\(os error (\d+)\)", str(e))
+        if reported is None:
+            raise
+        number = int(reported.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from e
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
@@ -183,7 +202,8 @@ def directory_written_whole(path: str | os.PathLike,
     """Write a directory whole or not at all: yields a new empty directory beside `path`
     (.NAME.HEX.tmp) to write into; when the block ends without an error it is renamed
     to `path`. A failure part way (an error, a full disk) removes it and leaves `path`
-    as it was, so a reader sees the old directory or the new one, never part of one.
+    as it was, so a reader sees the old directory or the new one, never part of one; its
+    error names the files by `path`, not by the temporary directory.
 
     An existing `path` is replaced whole, so it must be an earlier output: empty, or
     holding only `replaceable` names (and write_atomically's leftovers). Anything else
@@ -215,6 +235,9 @@ def directory_written_whole(path: str | os.PathLike,
                 parent.rmdir()
         if isinstance(error, InputError) and str(tmp) in str(error):  # a check of the output
             raise type(error)(str(error).replace(str(tmp), str(path))) from error
+        if isinstance(error, OSError) and str(tmp) in str(error.filename):  # a failed write
+            raise type(error)(error.errno, error.strerror,
+                              str(error.filename).replace(str(tmp), str(path))) from error
         raise
 
 

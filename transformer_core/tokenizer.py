@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import sentencepiece as spm
 
@@ -27,6 +28,28 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 class TokenizerError(InputError):
     """A tokenizer model is missing, unreadable or does not fit the model."""
+
+
+def in_a_thread(work: Callable[[], object]) -> None:
+    """Run `work()` in a thread of its own and wait for it; its error is raised here.
+    Python runs signal handlers in the main thread, between bytecodes: a long C++ call
+    there (SentencePiece's training, which releases the GIL) would keep a command's
+    SIGINT and SIGTERM handlers waiting until it returned, while a main thread that waits
+    on another thread runs them at once. The thread is a daemon, so a process that stops
+    does not wait for it."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as error:  # noqa: BLE001  (raised in the waiting thread)
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="sentencepiece-trainer", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 def pieces_before_eos(ids: Sequence[int], eos_id: int, dropped: set[int],
@@ -86,11 +109,11 @@ class Tokenizer:
         """Train on `sentences` (source and target text together) and save to `model_path`."""
         model = io.BytesIO()
         try:
-            spm.SentencePieceTrainer.train(
+            in_a_thread(lambda: spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
                 model_type=model_type, character_coverage=1.0, hard_vocab_limit=False,
                 pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-                num_threads=os.cpu_count() or 1, minloglevel=2)
+                num_threads=os.cpu_count() or 1, minloglevel=2))
         except RuntimeError as e:  # "INTERNAL: src/trainer_interface.cc(638) [check] reason"
             reason = str(e).split("] ", 1)[-1].strip() or str(e)
             raise TokenizerError(f"SentencePiece cannot train {vocab_size} pieces on this "

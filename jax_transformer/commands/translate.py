@@ -230,6 +230,9 @@ def translate_command(argv=None) -> int:
     check_nbest(args.nbest or 1, args.beam, sampling is not None)
     if args.output not in (None, STDIO):
         check_not_input(args.output, args.input)
+    if args.input in (None, STDIO) and sys.stdin is None:  # Python's stdin when fd 0 is closed
+        raise TranslateError("stdin is closed (<&-), so there is nothing to translate: give "
+                             "the sentences on stdin (< FILE, a pipe) or with --input FILE")
     with Output(args.output) as output:
         model, tokenizer = load(args.checkpoint, args.framework)
         set_languages(tokenizer, args.src_lang, args.tgt_lang)

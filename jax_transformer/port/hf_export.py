@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import safetensors.numpy
 
 from jax_transformer.port.bart_config import ACTIVATIONS
 from jax_transformer.port.marian import (MARIAN_FIXED_FLAGS, MARIAN_TOKENIZER_FILES,
@@ -160,9 +159,9 @@ def _write_marian_dir(out_dir: Path, src_dir: Path, config: TransformerConfig,
                       hf_config: dict, hf: dict, marian_files: bool,
                       vocab: dict[str, int] | None) -> str:
     """The Marian directory's files, in `out_dir`; how the tokenizer was written."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in hf.items()}
-    checkpoint_dir.write_atomically(out_dir / "model.safetensors", lambda p: safetensors.numpy
-                                    .save_file(arrays, p, metadata={"format": "pt"}))
+    checkpoint_dir.write_safetensors(out_dir / "model.safetensors",
+                                     {k: np.ascontiguousarray(v) for k, v in hf.items()},
+                                     metadata={"format": "pt"})
     _write_json(out_dir / "config.json", hf_config)
     _write_json(out_dir / "generation_config.json", hf_generation_config(config))
     if marian_files:

@@ -127,7 +127,7 @@ class TrainingRun:
                     f"step {int(state.step)}; run the same command to finish them")):
                 report.update(replicas(state), **state_bytes(state))  # the trained state
                 exported, export = selection.exported_state(
-                    settings.export, state, self.checkpointer, settings.average_last,
+                    settings.export, state, self.checkpointer, settings.averaged_checkpoints,
                     self.trainer.state_shardings.params, log)
                 self.export(exported)
                 summary = self.evaluate(exported, report, export)

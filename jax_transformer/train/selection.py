@@ -12,7 +12,6 @@ resumed run has up to its step, so a run stopped by it and run again stops at on
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Iterable
 
@@ -20,6 +19,7 @@ import jax
 import numpy as np
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
+from jax_transformer.train.records.workdir import metrics_records
 from jax_transformer.train.settings import BEST_METRICS, TrainSettings
 from jax_transformer.train.runtime import sharding
 from transformer_core.averaging import ParameterMean
@@ -50,8 +50,7 @@ class Patience:
         self.metric, self.patience = metric, patience if metrics_file else None
         self.best, self.best_step, self.since = None, None, 0
         if self.patience is not None and metrics_file.exists():
-            for line in metrics_file.read_text().splitlines():
-                record = json.loads(line)
+            for _, record in metrics_records(metrics_file):
                 if metric in record:
                     self.add(record["step"], record[metric])
 

@@ -32,6 +32,9 @@ SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 MIN_MAX_LEN = 8  # the shortest length bucket
 MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
 MAX_WAIT_SECONDS = 86400  # --peer-timeout and --join-timeout: a day
+# --cpu-devices: more devices than the CPU has cores only run slower, and JAX's start-up
+# grows faster than the count (minutes for tens of thousands); no CPU has more cores.
+MAX_CPU_DEVICES = 1024
 # What train.py trains, and the architecture each task's model has.
 TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
@@ -62,6 +65,7 @@ SCAN_CHOICES = ("auto", "on", "off")  # --scan-layers
 # --keep-best's metrics (metrics.jsonl's names), and whether higher or lower is better.
 BEST_METRICS = {"dev_bleu": "max", "dev_chrf": "max", "dev_loss": "min"}
 EXPORTS = ("last", "best", "average")  # --export
+DEFAULT_AVERAGE_LAST = 5  # --export average's checkpoints: the paper's base models'
 # The test translation of the paper's models: beam 4, length penalty 0.6 (--alpha's default).
 PRESET_TRAIN_DEFAULTS = {"base": {"beam": 4}, "big": {"beam": 4}}
 
@@ -381,9 +385,10 @@ class TrainSettings:
         "last", "the model WORKDIR/export holds, and the final evaluation judges: last: the "
                 "trained one; best: --keep-best's checkpoint; average: the mean of the newest "
                 "--average-last checkpoints (the paper's)", choices=EXPORTS, resumable=True)
-    average_last: int = setting(5, "--export average: how many of the newest checkpoints "
-                                   "(the paper: 5 for base models, 20 for big); --keep must be "
-                                   "at least this", metavar="N", resumable=True)
+    average_last: int | None = setting(
+        None, f"--export average: how many of the newest checkpoints (default "
+              f"{DEFAULT_AVERAGE_LAST}; the paper: 5 for base models, 20 for big); --keep must be "
+              "at least this", metavar="N", resumable=True)
     log_every: int = setting(1, "steps between reads of the training metrics (loss, gradient "
                                 "norm) from the devices; each read waits only for the step "
                                 "before the one just started, so the devices never idle on it",
@@ -422,8 +427,8 @@ class TrainSettings:
                                          f"(at most {MAX_WAIT_SECONDS})",
                                   metavar="SECONDS", resumable=True)
     cpu_devices: int | None = setting(
-        None, "on a CPU: JAX devices to split it into, each running its share of a batch's "
-              "rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
+        None, f"on a CPU: JAX devices to split it into (at most {MAX_CPU_DEVICES}), each "
+              "running its share of a batch's rows (data parallel); default: JAX_NUM_CPU_DEVICES or XLA_FLAGS' count if "
               "set, else 2 where the cores and a batch's rows allow (faster on 2 cores, "
               "docs/performance.md); a resumed run may change it to a number dividing the "
               "device count its checkpoint was saved on (its batches keep their rows, which "
@@ -445,12 +450,13 @@ class TrainSettings:
     def __post_init__(self):
         refuse_empty_paths(self)
         for name in ("steps", "warmup", "accumulate", "checkpoint_every", "keep", "eval_every",
-                     "log_every", "beam", "decode_batch_size", "scan_unroll", "average_last",
-                     "fsdp"):
+                     "log_every", "beam", "decode_batch_size", "scan_unroll", "fsdp"):
             require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
                                               f"got {getattr(self, name)}")
-        require(self.cpu_devices is None or self.cpu_devices >= 1,
-                f"--cpu-devices must be at least 1, got {self.cpu_devices}")
+        require(self.cpu_devices is None or 1 <= self.cpu_devices <= MAX_CPU_DEVICES,
+                f"--cpu-devices must be from 1 to {MAX_CPU_DEVICES} (no CPU has more cores to "
+                "give them, and JAX takes minutes to start tens of thousands of devices), "
+                f"got {self.cpu_devices}")
         require(self.lr_scale > 0, f"--lr-scale must be positive, got {self.lr_scale}")
         require(self.lr > 0, f"--lr must be positive, got {self.lr}")
         require(self.lr_schedule in SCHEDULES, f"--lr-schedule must be one of "
@@ -504,12 +510,24 @@ class TrainSettings:
         require(self.export != "best" or self.keep_best,
                 f"--export best exports --keep-best's checkpoint: give --keep-best "
                 f"{' | '.join(BEST_METRICS)}")
-        require(self.export != "average" or self.keep >= self.average_last,
-                f"--export average averages the newest --average-last {self.average_last} "
-                f"checkpoints: --keep must be at least {self.average_last}, got {self.keep}")
+        require(self.average_last is None or self.average_last >= 1,
+                f"--average-last must be at least 1, got {self.average_last}")
+        require(self.average_last is None or self.export == "average",
+                f"--average-last {self.average_last} counts the checkpoints --export average "
+                f"averages, and the export is --export {self.export}: add --export average, "
+                "or drop --average-last")
+        require(self.export != "average" or self.keep >= self.averaged_checkpoints,
+                f"--export average averages the newest --average-last "
+                f"{self.averaged_checkpoints} checkpoints: --keep must be at least "
+                f"{self.averaged_checkpoints}, got {self.keep}")
         require(self.keep_best not in ("dev_bleu", "dev_chrf") or self.dev_bleu_sentences,
                 f"--keep-best {self.keep_best} needs the dev set translated: "
                 "--dev-bleu-sentences must be at least 1")
+
+    @property
+    def averaged_checkpoints(self) -> int:
+        """--export average: how many of the newest checkpoints it averages."""
+        return self.average_last or DEFAULT_AVERAGE_LAST
 
 
 def _name_metavars(*settings_classes) -> None:

@@ -2,6 +2,11 @@
 
 import collections
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +19,8 @@ from jax_transformer.data.corpora import (EMPTY, MALFORMED_ROW, TOO_LONG, UNDECO
                                      cardinal_words, holdout_split, number_corpus,
                                      read_columns, read_parallel_text, sample_numbers)
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- Built-in corpus ----------------------------------------------------------------------
@@ -137,6 +144,41 @@ def test_tokenizer_round_trip_on_held_out_numbers(numbers_and_tokenizer):
             ids = tokenizer.encode(text)
             assert all(i > EOS_ID for i in ids), text  # no unk, no specials
             assert tokenizer.decode(ids + [EOS_ID, 7]) == text
+
+
+# Trains a tokenizer with a command's stop handlers (exit_codes.run), and sends itself
+# SIGTERM once SentencePiece has read every sentence and trains in C++; stderr's first line
+# is when the signal went.
+TRAIN_AND_STOP = """
+import os, random, signal, sys, threading, time
+from jax_transformer.commands import exit_codes
+from transformer_core.tokenizer import Tokenizer
+
+def sentences():
+    rng = random.Random(0)
+    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9)))
+             for _ in range(20000)]
+    for _ in range(60000):
+        yield " ".join(rng.choices(words, k=12))
+    threading.Timer(0.5, lambda: (print(time.time(), file=sys.stderr, flush=True),
+                                  os.kill(os.getpid(), signal.SIGTERM))).start()
+
+sys.exit(exit_codes.run(lambda argv: Tokenizer.train(sentences(), sys.argv[1], 8000) and None))
+"""
+
+
+@pytest.mark.slow  # a subprocess that trains a tokenizer for seconds
+def test_sigterm_stops_tokenizer_training_at_once(tmp_path):
+    """Before: SentencePiece's training in the main thread kept the handler waiting until it
+    returned (~18 s on a real corpus)."""
+    result = subprocess.run([sys.executable, "-c", TRAIN_AND_STOP, str(tmp_path / "t.model")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    ended = time.time()
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    sent, stopped = [line for line in result.stderr.splitlines() if line]
+    assert stopped == "SIGTERM: stopped"
+    assert ended - float(sent) < 2, f"stopped {ended - float(sent):.1f} s after SIGTERM"
+    assert not (tmp_path / "t.model").exists()
 
 
 def test_encode_pairs_drops_and_counts_long_pairs(numbers_and_tokenizer, monkeypatch):

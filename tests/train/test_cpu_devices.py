@@ -11,7 +11,10 @@ import jax
 import numpy as np
 import pytest
 
+from jax_transformer.commands import train as train_command
 from jax_transformer.train.cpu_devices import chosen_count, split_cpu
+from jax_transformer.train.run import TrainingRun
+from jax_transformer.train.settings import MAX_CPU_DEVICES
 from transformer_core.errors import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 
@@ -43,6 +46,19 @@ def test_another_count_in_a_process_whose_jax_runs_is_refused(tmp_path):
     with pytest.raises(TrainError, match=r"--cpu-devices 3: JAX already started this "
                                          r"process's backends with 1 CPU device\(s\)"):
         split_cpu(tiny_settings(tmp_path, "--cpu-devices", "3"))
+
+
+@pytest.mark.parametrize("count", ["0", "100000"])
+def test_a_count_out_of_range_is_one_line_naming_the_bound(tmp_path, capsys, monkeypatch,
+                                                           count):
+    """Before: --cpu-devices 100000 printed nothing and ran on (still starting JAX's
+    devices after 120 s)."""
+    monkeypatch.setattr(TrainingRun, "run", lambda self: pytest.fail("the run started"))
+    code = train_command.main(["--workdir", str(tmp_path / "run"), "--cpu-devices", count])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        f"error: --cpu-devices must be from 1 to {MAX_CPU_DEVICES} (no CPU has more cores to "
+        f"give them, and JAX takes minutes to start tens of thousands of devices), got {count}"]
+    assert not (tmp_path / "run").exists()
 
 
 def train(workdir, *flags) -> subprocess.CompletedProcess:

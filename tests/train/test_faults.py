@@ -23,10 +23,12 @@ import pytest
 from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.data.prepared import SPLITS, Prepared
 from jax_transformer.train import checkpoints, inputs
-from jax_transformer.train.records.workdir import open_workdir
+from jax_transformer.train.records.workdir import MetricsLog, open_workdir
+from jax_transformer.train.selection import Patience
 from jax_transformer.train.settings import DataSettings
 from tests.train.runs import (REPO_ROOT, TINY, dev_losses, losses, metrics_scalars,
                               tensorboard_scalars, tiny_run, tiny_settings)
+from transformer_core.errors import TrainError
 from transformer_core.tokenizer import Tokenizer
 
 STEPS = 60  # the runs interrupted at random moments stop short of this
@@ -343,13 +345,23 @@ def resume_refused(workdir: Path, *flags: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["run_args null", "run_args list", "metrics {}"])
+@pytest.mark.parametrize("damage", ["run_args null", "run_args list", "metrics {}",
+                                    "metrics bad dev_loss"])
 def test_a_settings_or_metrics_file_of_another_shape_is_named(saved_run, tmp_path, damage):
     """Before: run_args.json holding null or [1, 2] was a TypeError traceback
-    (dict(None)), and a metrics.jsonl line {} a KeyError ('step')."""
+    (dict(None)), a metrics.jsonl line {} a KeyError ('step'), and a dev_loss "bad" a
+    TypeError once --patience compared it."""
     workdir = tmp_path / "run"
     shutil.copytree(saved_run, workdir)
-    if damage.startswith("run_args"):
+    flags = []
+    if damage == "metrics bad dev_loss":
+        with (workdir / "metrics.jsonl").open("a") as metrics:
+            metrics.write('{"step": 4, "dev_loss": "bad"}\n')
+        lines = len((workdir / "metrics.jsonl").read_text().splitlines())
+        flags = ["--keep-best", "dev_loss", "--patience", "2"]
+        message = (f"error: {workdir / 'metrics.jsonl'}: line {lines} is not a metrics record: "
+                   'its "dev_loss" is "bad", not a number; delete or mend it')
+    elif damage.startswith("run_args"):
         text = "null" if damage.endswith("null") else "[1, 2]"
         (workdir / "run_args.json").write_text(text + "\n")
         message = (f"error: {workdir / 'run_args.json'} holds {text}, not a JSON object of "
@@ -359,7 +371,27 @@ def test_a_settings_or_metrics_file_of_another_shape_is_named(saved_run, tmp_pat
         (workdir / "metrics.jsonl").write_text("\n".join(lines[:2] + ["{}"] + lines[2:]) + "\n")
         message = (f"error: {workdir / 'metrics.jsonl'}: line 3 is not a metrics record (an "
                    "object with an integer \"step\"): '{}'; delete or mend it")
-    assert resume_refused(workdir) == message
+    assert resume_refused(workdir, *flags) == message
+
+
+@pytest.mark.parametrize("value", ['"bad"', "true", "null", "[2.5]"])
+def test_a_metrics_value_that_is_not_a_number_is_named_before_anything_changes(tmp_path,
+                                                                               value):
+    """Both readers of metrics.jsonl on resume: the log kept up to the restored step, and
+    --patience's count. Before: only "step" was checked, and a resume with --keep-best
+    dev_loss --patience 2 over {"step": 20, "dev_loss": "bad"} was a TypeError traceback."""
+    metrics = tmp_path / "metrics.jsonl"
+    text = f'{{"step": 10, "dev_loss": 2.5}}\n{{"step": 20, "dev_loss": {value}}}\n'
+    metrics.write_text(text)
+    message = (f'{metrics}: line 2 is not a metrics record: its "dev_loss" is {value}, not a '
+               "number; delete or mend it")
+    with pytest.raises(TrainError) as refused:
+        MetricsLog(metrics, resume_step=20)
+    assert str(refused.value) == message
+    with pytest.raises(TrainError) as refused:
+        Patience("dev_loss", 2, metrics)
+    assert str(refused.value) == message
+    assert metrics.read_text() == text
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from jax_transformer.commands import train as train_command
 from jax_transformer.train.checkpoints import complete_steps
+from jax_transformer.train.run import TrainingRun
 from tests.train.runs import REPO_ROOT, TINY, records
 
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel".split()
@@ -163,6 +165,17 @@ def test_bad_selection_flags_are_one_line(tmp_path, flags, message):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_average_last_without_export_average_is_refused(tmp_path, capsys, monkeypatch):
+    """Before: it was ignored without a word, while --patience without --keep-best was
+    refused."""
+    monkeypatch.setattr(TrainingRun, "run", lambda self: pytest.fail("the run started"))
+    code = train_command.main(["--workdir", str(tmp_path / "run"), "--average-last", "3"])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        "error: --average-last 3 counts the checkpoints --export average averages, and the "
+        "export is --export last: add --export average, or drop --average-last"]
     assert not (tmp_path / "run").exists()
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import filelock
 
@@ -50,19 +51,35 @@ def write_text_atomically(path: Path, text: str) -> None:
     write_atomically(path, lambda tmp: tmp.write_text(text))
 
 
-def metrics_step(path: Path, number: int, line: str) -> int | None:
-    """The step of line `number` of metrics.jsonl: None for a blank line or one a crash cut
-    short (not JSON, dropped with a warning); a TrainError for JSON that is not a record."""
+def metrics_record(path: Path, number: int, line: str) -> dict | None:
+    """Line `number` of metrics.jsonl as a record: None for a blank line or one a crash cut
+    short (not JSON, dropped with a warning); a TrainError naming the file and the line for
+    JSON that is not a record: an object with an integer "step", every value a number."""
     try:
         record = json.loads(line) if line else None
     except json.JSONDecodeError:
         print(f"warning: {path}: dropped line {number}, which is not JSON (a "
               f"write cut short): {line[:80]!r}", file=sys.stderr)
         return None
-    if record is not None and not (isinstance(record, dict) and type(record.get("step")) is int):
+    if record is None:
+        return None
+    if not (isinstance(record, dict) and type(record.get("step")) is int):
         raise TrainError(f"{path}: line {number} is not a metrics record (an object with an "
                          f"integer \"step\"): {line[:80]!r}; delete or mend it")
-    return None if record is None else record["step"]
+    for name, value in record.items():
+        if type(value) not in (int, float):  # bool is an int in Python, not in JSON
+            raise TrainError(f"{path}: line {number} is not a metrics record: its "
+                             f"{json.dumps(name)} is {json.dumps(value)[:40]}, not a number; "
+                             "delete or mend it")
+    return record
+
+
+def metrics_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """metrics.jsonl's records (metrics_record's checks), each with its line as written."""
+    for number, line in enumerate(path.read_text().split("\n"), start=1):
+        record = metrics_record(path, number, line)
+        if record is not None:
+            yield line, record
 
 
 class MetricsLog:
@@ -79,10 +96,8 @@ class MetricsLog:
             return
         kept = []
         if resume_step and path.exists():
-            for number, line in enumerate(path.read_text().split("\n"), start=1):
-                step = metrics_step(path, number, line)
-                if step is not None and step <= resume_step:
-                    kept.append(line)
+            kept = [line for line, record in metrics_records(path)
+                    if record["step"] <= resume_step]
         write_text_atomically(path, "".join(line + "\n" for line in kept))
         self.file = path.open("a", buffering=1)
         self.tensorboard = (TensorBoardLog(tensorboard, resume_step + 1) if tensorboard
