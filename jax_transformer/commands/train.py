@@ -158,16 +158,25 @@ def parse_args(argv=None) -> RunSettings:
 
 def main(argv=None) -> int:
     """The command line; returns the exit code (exit_codes: 2 for bad input, 1 for a
-    failed run, 130 / 143 after SIGINT / SIGTERM, the step saved). A process of a
-    --distributed run that failed leaves at once: JAX's shutdown barrier would wait
-    minutes for peers that stop too (docs/distributed.md)."""
+    failed run, 130 / 143 after SIGINT / SIGTERM, the step saved). A failed run whose
+    exit would wait leaves at once (exit_would_wait)."""
     code = exit_codes.run(train, argv)
-    jax = sys.modules.get("jax")  # loaded by a run, not by bad flags
-    if code in (1, 2) and jax is not None and jax.distributed.is_initialized():
+    if code in (1, 2) and exit_would_wait():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def exit_would_wait() -> bool:
+    """Whether the interpreter's exit would wait minutes: in a --distributed run, JAX's
+    shutdown barrier for peers that stop too (docs/distributed.md); after a run its disk
+    stopped, the threads of the checkpoint save that failed (train/disk_full.py). Asked
+    of the modules a run loaded, if it loaded them (bad flags load neither)."""
+    jax = sys.modules.get("jax")
+    disk = sys.modules.get("jax_transformer.train.disk_full")
+    return ((jax is not None and jax.distributed.is_initialized())
+            or (disk is not None and disk.save_threads_waiting()))
 
 
 def train(argv=None) -> int:

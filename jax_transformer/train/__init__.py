@@ -17,7 +17,8 @@ it writes in records/.
     finetune.py     --init-from: a checkpoint's config, weights and tokenizer
     checkpoints.py  orbax checkpoints of step.py's TrainState (Checkpointer, restore_model),
                     damaged ones set aside
-    disk_full.py    a full disk as one line, naming the checkpoint a resume starts from
+    disk_full.py    a full disk, or checkpoints that refuse writes, as one line naming
+                    the checkpoint a resume starts from
     distributed.py  --distributed: joining the other processes, ending together
     cpu_devices.py  --cpu-devices: a CPU split into JAX devices
     runtime/        the process, knowing nothing of train.py's settings: signals.py

@@ -5,6 +5,8 @@ runtime, and ending together when one process fails or dies (train.runtime.peers
     initialize(settings)         jax.distributed.initialize() with the coordinator's
                                  settings (flags, else JAX_* variables, else the cluster's)
                                  and timeouts that let train.runtime.peers act first
+    bind_address(given, ...)     where process 0's coordinator listens: the address given,
+                                 every interface only when asked
     together(settings, hint)     around the run: watch the peers; an error ends every
                                  process at once, shown once
 """
@@ -12,8 +14,10 @@ runtime, and ending together when one process fails or dies (train.runtime.peers
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -44,7 +48,7 @@ HEARTBEAT_MARGIN_SECONDS = 10
 # Joining: say what a process waits for after this long; JAX's initialization timeout (it
 # aborts the process with a stack trace) comes this long after --join-timeout's end.
 JOIN_NOTICE_SECONDS, JOIN_MARGIN_SECONDS = 3, 30
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ALL_INTERFACES = "[::]"  # JAX's default host to bind to: every interface, IPv6 and IPv4
 
 
 def coordinates(settings: TrainSettings,
@@ -86,6 +90,82 @@ def host_and_port(address: str, source: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def host_addresses(host: str) -> list[str]:
+    """The IP addresses `host` (a name, or an address) resolves to on this host."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def this_hosts(ip: str) -> bool:
+    """Whether `ip` is an address of this host: a socket binds to it (nothing is
+    connected, no packet is sent). 0.0.0.0 and :: stand for every address, so neither is."""
+    if ipaddress.ip_address(ip.split("%")[0]).is_unspecified:
+        return False
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` is a loopback IP address (127.0.0.0/8, ::1); False for a name."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def print_warning(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def bind_address(given: Mapping, all_interfaces: bool,
+                 environ: Mapping[str, str] = os.environ,
+                 addresses: Callable[[str], list[str]] = host_addresses,
+                 ours: Callable[[str], bool] = this_hosts,
+                 warn: Callable[[str], None] = print_warning) -> str | None:
+    """Where process 0's coordinator listens, given this process's `coordinates`: every
+    interface (`[::]:PORT`) only when asked (`all_interfaces`,
+    --coordinator-bind-all-interfaces), else JAX_COORDINATOR_BIND_ADDRESS, else the
+    coordinator address as given. On process 0 its host must resolve (`addresses`) to
+    one of this host's addresses (`ours`), or a TrainError says so (JAX would fail with
+    `Failed to start RPC server`); a name that resolves to loopback addresses only
+    (Debian's `127.0.1.1 HOSTNAME`) draws a warning (`warn`), since other hosts cannot
+    connect there. None, JAX's choice (every interface), where the cluster gives the
+    address."""
+    address, source = given["coordinator_address"], given["coordinator_address_source"]
+    if address is None:
+        return None
+    host, port = host_and_port(address, source)
+    if all_interfaces:
+        return f"{ALL_INTERFACES}:{port}"
+    if environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+        return environ["JAX_COORDINATOR_BIND_ADDRESS"]
+    if given["process_id"] != 0:  # only process 0 listens (or, unnumbered, may)
+        return address
+    try:
+        found = addresses(host)
+    except OSError as e:
+        raise TrainError(f"{source} {address}: {host} does not resolve on process 0's host "
+                         f"({e.strerror or e})") from None
+    everywhere = flag("coordinator_bind_all_interfaces")
+    if not any(ours(ip) for ip in found):
+        resolved = "" if found == [host] else f" (it resolves to {', '.join(found)})"
+        raise TrainError(f"{source} {address}: process 0 serves the coordinator there, but "
+                         f"{host} is not an address of its host{resolved}: give one of "
+                         "this host's addresses, or choose where it listens with "
+                         f"JAX_COORDINATOR_BIND_ADDRESS or {everywhere}")
+    if host != "localhost" and not loopback(host) and all(loopback(ip) for ip in found):
+        warn(f"warning: {source} {address}: {host} resolves to {', '.join(found)} here, a "
+             "loopback address: the coordinator listens there, where only this host's "
+             "processes can connect; for processes on other hosts, give this host's network "
+             f"address (or {everywhere})")
+    return address
+
+
 def check_environment(settings: TrainSettings, environ: Mapping[str, str] = os.environ) -> None:
     """A process the environment places among several (a launcher, a job script) needs
     --distributed: without it, each would train alone in the same work directory."""
@@ -97,15 +177,13 @@ def check_environment(settings: TrainSettings, environ: Mapping[str, str] = os.e
 
 def initialize(settings: TrainSettings) -> None:
     """Join the run: jax.distributed.initialize() with this process's coordinates and a
-    heartbeat timeout HEARTBEAT_MARGIN_SECONDS past --peer-timeout; a loopback coordinator
-    listens on its loopback address only. A setting it cannot find, or a coordinator it
-    cannot reach, is a TrainError naming the flag; joining is watched (watch_joining)."""
+    heartbeat timeout HEARTBEAT_MARGIN_SECONDS past --peer-timeout; process 0's
+    coordinator listens where bind_address says. A setting it cannot find, or a
+    coordinator it cannot reach, is a TrainError naming the flag; joining is watched
+    (watch_joining)."""
     given = coordinates(settings)
     address, joined = given["coordinator_address"], threading.Event()
-    bind = None
-    if address is not None and host_and_port(address, given["coordinator_address_source"])[
-            0] in LOOPBACK:
-        bind = os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or address
+    bind = bind_address(given, settings.coordinator_bind_all_interfaces)
     threading.Thread(target=watch_joining, daemon=True, name="join-watch",
                      args=(joining(given), settings.join_timeout, joined)).start()
     try:

@@ -67,11 +67,12 @@ class TrainingRun:
 
     def run(self) -> dict:
         """Train (or resume), then export and evaluate; returns eval.json's contents plus
-        "train_seconds". A full disk is one DiskFull error (exit 1) that says so, where,
-        and which checkpoint a resume starts from (disk_full.py). --distributed: this
-        process joins the others first, and ends with them (train.distributed)."""
-        disk_full.quiet_echoes()
+        "train_seconds". A full disk, or a checkpoints directory that refuses writes, is
+        one DiskFull or WritesRefused error (exit 1) that says so, where, and which
+        checkpoint a resume starts from (disk_full.py). --distributed: this process
+        joins the others first, and ends with them (train.distributed)."""
         settings = self.settings.train
+        disk_full.quiet_echoes(Path(settings.workdir))
         distributed.check_environment(settings)
         cpu_devices.split_cpu(self.settings)
         host_memory.keep_freed_memory()
@@ -80,19 +81,20 @@ class TrainingRun:
         jax_variables.start_backends()
         sharding.check_fsdp(settings.fsdp, jax.device_count())  # before the corpus is read
         if not settings.distributed:
-            return self._run_or_disk_full()
+            return self._run_or_disk_fault()
         with distributed.together(settings, lambda: distributed.resume_hint(
                 Path(settings.workdir))):
-            return self._run_or_disk_full()
+            return self._run_or_disk_fault()
 
-    def _run_or_disk_full(self) -> dict:
+    def _run_or_disk_fault(self) -> dict:
         try:
             return self._run()
         except Exception as error:
-            if not disk_full.is_disk_full(error):
+            stopped = disk_full.stopped(Path(self.settings.train.workdir),
+                                        getattr(self, "checkpointer", None), error)
+            if stopped is None:
                 raise
-            raise disk_full.stopped(Path(self.settings.train.workdir),
-                                    getattr(self, "checkpointer", None)) from None
+            raise stopped from None
 
     def cache_deadlocks(self) -> bool:
         """Whether this run's programs must not come from the compilation cache, said in

@@ -412,6 +412,12 @@ class TrainSettings:
     coordinator_address: str | None = setting(None, "--distributed: HOST:PORT where process 0 "
                                               "serves the coordinator", metavar="HOST:PORT",
                                               resumable=True)
+    coordinator_bind_all_interfaces: bool = setting(
+        False, "--distributed: process 0's coordinator listens on every network interface "
+               "at the coordinator's port, not only on the --coordinator-address it is given "
+               "(for a host that others reach by an address it does not hold, behind NAT); "
+               "whoever reaches the port can end or stall the run (docs/distributed.md)",
+        resumable=True)
     num_processes: int | None = setting(None, "--distributed: how many processes the run has",
                                         resumable=True)
     process_id: int | None = setting(None, "--distributed: this process's number, 0 to "
@@ -488,6 +494,8 @@ class TrainSettings:
         self.check_selection()
         coordinates = [flag(name) for name in ("coordinator_address", "num_processes",
                                                "process_id") if getattr(self, name) is not None]
+        if self.coordinator_bind_all_interfaces:
+            coordinates.append(flag("coordinator_bind_all_interfaces"))
         require(self.distributed or not coordinates,
                 f"{' '.join(coordinates)} place this process in a distributed run: add "
                 "--distributed")

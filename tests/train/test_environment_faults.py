@@ -1,10 +1,11 @@
 """train.py where its surroundings fail it, met as a user meets them (a real train.py
 process each): no coordinator for --distributed, another device count on resume, a
-damaged or read-only compilation cache, a full disk. Each ends in one clear line (or
-runs on with at most one warning line), never a traceback."""
+damaged or read-only compilation cache, a full disk, checkpoints made read-only. Each
+ends in one clear line (or runs on with at most one warning line), never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -346,3 +347,63 @@ def test_a_full_disk_is_one_line_and_the_run_resumes_once_there_is_room(small_di
     assert not list((workdir / "checkpoints").glob("*tmp*"))  # the unfinished save is gone
     assert sorted(p.name for p in (workdir / "export").iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.model"]
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    """`frozen(directory)`: a context in which `directory` is immutable (`chattr +i`: no
+    entry is made, removed or renamed in it, by root either), undone on leaving it.
+    Skipped where chattr cannot set the flag (not root, a filesystem without it)."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    tried = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"an immutable directory needs chattr +i as root on a filesystem that "
+                    f"keeps the flag: {tried.stderr.strip() or tried.returncode}")
+    subprocess.run(["chattr", "-i", str(probe)], check=True)
+
+    @contextlib.contextmanager
+    def frozen(directory: Path):
+        subprocess.run(["chattr", "+i", str(directory)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+    return frozen
+
+
+def test_checkpoints_made_read_only_mid_run_end_it_with_one_line_and_resume(tmp_path, frozen):
+    """WORKDIR/checkpoints made immutable once step 4 is saved. Before: three orbax
+    tracebacks, `error: [Errno 1] Operation not permitted: '.../8.orbax-checkpoint-tmp'`,
+    then no exit for orbax's coordination timeout (300 s): the threads that would write
+    step 8's arrays wait for the directory its failed creation never signals."""
+    workdir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "train.py", "--workdir", str(workdir), *TINY, "--steps", "1000"],
+        cwd=REPO_ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (workdir / "checkpoints" / "4").is_dir():
+            assert process.poll() is None, process.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint 4 after 240 s"
+            time.sleep(0.05)
+        with frozen(workdir / "checkpoints"):
+            try:
+                stderr = process.communicate(timeout=60)[1]
+            except subprocess.TimeoutExpired:
+                pytest.fail("train.py still runs 60 s after its checkpoints were made "
+                            "read-only")
+    finally:
+        process.kill()
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps and steps[-1] >= 4, steps
+    assert_one_error_line(
+        subprocess.CompletedProcess(process.args, process.returncode, "", stderr), 1,
+        "error: writing a checkpoint was refused: Operation not permitted: "
+        f"{workdir / 'checkpoints'}/", "(is the work directory read-only?); the newest "
+        f"complete checkpoint, step {steps[-1]} in {workdir / 'checkpoints'}, is intact: make "
+        f"{workdir} writable, then run the same command to resume from it")
+    resumed = train(workdir, "--steps", str(steps[-1] + 2))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step {steps[-1]} " in resumed.stderr

@@ -5,6 +5,7 @@ directory, a corpus changed under a run, bad flags."""
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import logging
 import os
 import random
@@ -14,15 +15,17 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from jax_transformer.commands import train as train_command
 from jax_transformer.data.encoding import encode_pairs
 from jax_transformer.data.prepared import SPLITS, Prepared
-from jax_transformer.train import checkpoints, inputs
+from jax_transformer.train import checkpoints, disk_full, inputs
 from jax_transformer.train.records.workdir import MetricsLog, open_workdir
 from jax_transformer.train.selection import Patience
 from jax_transformer.train.settings import DataSettings
@@ -288,6 +291,106 @@ def test_only_the_echoes_of_a_failed_restore_are_silenced(error, echo):
                                (type(error), error, error.__traceback__))
     assert checkpoints._drop_failed_reads(record) is not checkpoints.failed_read(error)
     assert checkpoints.failed_read(error) is (echo and "loop" not in str(error))
+
+
+def refused(path: str) -> PermissionError:
+    """What orbax raises where it cannot make a step's directory (`chattr +i` on its
+    parent)."""
+    return PermissionError(errno.EPERM, "Operation not permitted", path)
+
+
+def raised_from(error: BaseException) -> RuntimeError:
+    try:
+        raise RuntimeError("the save failed") from error
+    except RuntimeError as wrapper:
+        return wrapper
+
+
+def unreadable(error: BaseException) -> checkpoints.UnreadableCheckpoint:
+    """What a restore raises for a checkpoint it cannot read."""
+    try:
+        raise checkpoints.UnreadableCheckpoint(8, "checkpoint 8 cannot be read") from error
+    except checkpoints.UnreadableCheckpoint as wrapper:
+        return wrapper
+
+
+@pytest.mark.parametrize("error, refused_there", [
+    (lambda checkpoints: refused(f"{checkpoints}/8.orbax-checkpoint-tmp"), True),
+    (lambda checkpoints: raised_from(refused(f"{checkpoints}/8.orbax-checkpoint-tmp")), True),
+    (lambda checkpoints: OSError(errno.EROFS, "Read-only file system", f"{checkpoints}/8"),
+     True),
+    (lambda checkpoints: ValueError(  # tensorstore's
+        f'PERMISSION_DENIED: Error writing local file "{checkpoints}/8.orbax-checkpoint-tmp/'
+        'params/.zarray": Operation not permitted'), True),
+    (lambda checkpoints: PermissionError(errno.EACCES, "Permission denied", "/data/train.en"),
+     False),  # a corpus file
+    (lambda checkpoints: refused(f"{checkpoints}-corrupt/8"), False),  # beside, not under
+    (lambda checkpoints: OSError(errno.ENOSPC, "No space left on device", f"{checkpoints}/8"),
+     False),  # a full disk, told apart
+    (lambda checkpoints: ValueError("Operation not permitted"), False),  # naming no path
+    (lambda checkpoints: ValueError(  # a read
+        f'PERMISSION_DENIED: Error reading local file "{checkpoints}/8/params/.zarray"'), False),
+    (lambda checkpoints: unreadable(refused(f"{checkpoints}/8/params")), False),
+])
+def test_a_refused_write_is_the_checkpoints_fault_only_under_them(tmp_path, error,
+                                                                  refused_there):
+    """Before: a write refused under WORKDIR/checkpoints was `error: [Errno 1] Operation
+    not permitted: ...` after three orbax tracebacks (absl's records of it, not dropped)."""
+    directory = tmp_path / "run" / "checkpoints"
+    error = error(directory)
+    assert (disk_full.refused_write(error, directory) is not None) is refused_there
+    record = logging.LogRecord("absl", logging.ERROR, __file__, 1, "Failed to run 5 Handler "
+                               "Commit operations", None, (type(error), error, None))
+    echoes = disk_full._DropWriteFaultEchoes()
+    echoes.directory = directory
+    assert echoes.filter(record) is not (refused_there or disk_full.is_disk_full(error))
+
+
+def test_refused_checkpoint_writes_name_the_checkpoint_a_resume_starts_from(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setattr(disk_full._FILTER, "run_stopped", False)
+    workdir = tmp_path / "run"
+    for step in ("4", "8.orbax-checkpoint-tmp"):
+        (workdir / "checkpoints" / step).mkdir(parents=True)
+    with warnings.catch_warnings():
+        assert disk_full.stopped(workdir, None, ValueError("another error")) is None
+        assert not disk_full._FILTER.run_stopped
+        error = disk_full.stopped(workdir, None, raised_from(
+            refused(f"{workdir}/checkpoints/8.orbax-checkpoint-tmp")))
+    assert isinstance(error, disk_full.WritesRefused)
+    assert str(error) == (
+        f"writing a checkpoint was refused: Operation not permitted: {workdir}/checkpoints/"
+        f"8.orbax-checkpoint-tmp (is the work directory read-only?); the newest complete "
+        f"checkpoint, step 4 in {workdir}/checkpoints, is intact: make {workdir} writable, "
+        "then run the same command to resume from it")
+    assert disk_full._FILTER.run_stopped
+
+
+def test_a_run_its_disk_stopped_leaves_past_the_threads_of_its_failed_save(tmp_path,
+                                                                           monkeypatch, capsys):
+    """Orbax's writers of a save whose directory could not be made wait for orbax's
+    coordination timeout (300 s), and the interpreter's exit waits for them. Before: the
+    process printed its error line, then never exited."""
+    monkeypatch.setattr(disk_full._FILTER, "run_stopped", False)
+    release = threading.Event()
+    writer = threading.Thread(target=release.wait, name="a failed save's writer")
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+
+    def train(argv):
+        writer.start()
+        raise disk_full.stopped(tmp_path, None, refused(f"{tmp_path}/checkpoints/8.orbax-"
+                                                        "checkpoint-tmp"))
+
+    monkeypatch.setattr(train_command, "train", train)
+    try:
+        with warnings.catch_warnings():
+            assert train_command.main([]) == 1
+    finally:
+        release.set()
+        writer.join()
+    assert exits == [1]
+    assert capsys.readouterr().err.startswith("error: writing a checkpoint was refused: ")
 
 
 @pytest.mark.slow
