@@ -1,5 +1,6 @@
 """What the parity tests share: config variants, model pairs with copied weights,
-test batches, comparisons. Imported by tests; fixtures live in conftest.py.
+test batches, comparisons, the Flax model's gradients. Imported by tests; fixtures
+live in conftest.py.
 
 JAX runs on its default backend (JAX_PLATFORMS=cpu forces the CPU); torch on
 PARITY_TORCH_DEVICE, by default CUDA when torch sees a GPU, else the CPU.
@@ -17,10 +18,12 @@ import pytest
 import torch
 from flax import nnx
 
+from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from jax_transformer import model as flax_models
 from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
-from jax_transformer.scanned import scan_layers
+from jax_transformer.scanned import per_layer_state, scan_layers
+from jax_transformer.train import step as jax_training
 from torch_reference import model as torch_models
 
 # Small models covering every variant the config can express. dropout > 0 so
@@ -215,3 +218,22 @@ def assert_bit_exact(a: dict, b: dict) -> None:
         x, y = np.asarray(a[key]), np.asarray(b[key])
         assert x.dtype == y.dtype, key
         np.testing.assert_array_equal(x, y, err_msg=key)
+
+
+def jax_gradients(flax_model, batch, smoothing):
+    """d(mean loss)/d(param) for every parameter, torch-named and torch-laid-out."""
+    inputs = jax_training.model_inputs({k: jnp.asarray(v) for k, v in batch.items()},
+                                       flax_model.config.architecture)
+
+    def loss(model):
+        logits = model(**inputs)
+        loss_sum, tokens = jax_training.label_smoothed_cross_entropy(
+            logits, jnp.asarray(batch["tgt_out"]), model.config.pad_id, smoothing)
+        return loss_sum / tokens
+    grads = nnx.grad(loss)(flax_model)
+    out = {}
+    for path, g in nnx.to_flat_state(per_layer_state(grads)):
+        key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
+        g = np.asarray(g.get_value())
+        out[key] = g.T if transpose else g
+    return out
