@@ -237,3 +237,103 @@ def jax_gradients(flax_model, batch, smoothing):
         g = np.asarray(g.get_value())
         out[key] = g.T if transpose else g
     return out
+
+
+# ------------------------------------------------------------------ converted checkpoints
+# The models the port tests convert are built here with random weights, nothing
+# downloaded. transformers is imported where it is used: the test modules that use
+# these builders skip without it.
+
+MARIAN_PAD, MARIAN_EOS = 99, 0  # Marian: pad (= decoder start) is the last id, eos is 0
+
+
+def perturb_(model: torch.nn.Module, scale: float = 0.1, seed: int = 0) -> None:
+    """Random values everywhere (HF inits biases to 0, LayerNorm to 1, final_logits_bias
+    to 0), so a wrongly mapped bias, norm or bias buffer cannot go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if "pos" in name or not t.is_floating_point():  # sinusoid tables stay exact
+                continue
+            t.add_(scale * torch.randn(t.shape, generator=g, dtype=t.dtype))
+
+
+def source_batch(vocab: int, pad: int, eos: int, seed: int = 0):
+    """(2, 8) source ids: row 1 is right-padded; no special ids inside the text."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(1, vocab - 2, size=(2, 8))
+    src[src == pad] = 5
+    src[src == eos] = 6
+    src[0, -1] = eos
+    src[1, 5], src[1, 6:] = eos, pad
+    return src
+
+
+def target_batch(vocab: int, bos: int, seed: int = 1):
+    tgt = np.random.default_rng(seed).integers(1, vocab - 2, size=(2, 6))
+    tgt[:, 0] = bos
+    return tgt
+
+
+def load_ours(directory, dtype: str):
+    """A converted checkpoint directory in both of our frameworks, in eval mode."""
+    flax_model = nnx.view(flax_models.Transformer.from_pretrained(
+        directory, param_dtype=jnp.dtype(dtype)), deterministic=True)
+    torch_model = torch_models.Transformer.from_pretrained(
+        directory, dtype=getattr(torch, dtype), device=TORCH_DEVICE).eval()
+    return flax_model, torch_model
+
+
+def our_logits(flax_model, torch_model, src, tgt):
+    """(Flax's, torch_reference's) logits, as numpy arrays."""
+    flax_out = np.asarray(flax_model(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32)))
+    with torch.no_grad():
+        torch_out = to_numpy(torch_model(to_torch(src), to_torch(tgt)))
+    return flax_out, torch_out
+
+
+def marian_config(**overrides):
+    """A small transformers MarianConfig, opus-mt's layout unless `overrides` change it."""
+    import transformers
+    values = dict(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
+                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                  decoder_ffn_dim=64, activation_function="swish", scale_embedding=True,
+                  max_position_embeddings=64, pad_token_id=MARIAN_PAD,
+                  decoder_start_token_id=MARIAN_PAD, eos_token_id=MARIAN_EOS,
+                  forced_eos_token_id=MARIAN_EOS, dropout=0.1)
+    values.update(overrides)
+    return transformers.MarianConfig(**values)
+
+
+def make_marian(tmp_path, weights="safetensors", **overrides):
+    """A random MarianMTModel (perturbed) saved in tmp_path/marian: model.safetensors, or
+    with weights="bin" an old-style pytorch_model.bin; -> the model, on TORCH_DEVICE, and
+    its directory."""
+    import transformers
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(marian_config(**overrides)).eval()
+    model.config._attn_implementation = "eager"
+    perturb_(model)
+    src_dir = tmp_path / "marian"
+    if weights == "safetensors":
+        model.save_pretrained(src_dir)
+    else:  # an old-style pytorch_model.bin: every key, tied copies and positions included
+        src_dir.mkdir()
+        model.config.to_json_file(src_dir / "config.json")
+        torch.save(model.state_dict(), src_dir / "pytorch_model.bin")
+    return model.to(TORCH_DEVICE), src_dir
+
+
+def load_hf(directory):
+    """MarianMTModel.from_pretrained, asserting that every key was expected and present."""
+    import transformers
+    model, info = transformers.MarianMTModel.from_pretrained(
+        directory, output_loading_info=True, attn_implementation="eager")
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    return model.eval()
+
+
+def write_lines(path, lines) -> str:
+    """`lines` written to `path`, one a line; -> the path, as a flag's value."""
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)

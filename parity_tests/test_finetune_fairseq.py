@@ -34,7 +34,8 @@ from jax_transformer.data import corpora
 from jax_transformer.train.inputs import unknown_id
 from transformer_core.errors import TrainError
 from parity_tests import test_fairseq_tokenizers, test_fsmt_tokenizer, test_port_fairseq
-from parity_tests.test_finetune import records, write_lines
+from parity_tests.helpers import write_lines
+from tests.train.runs import records
 from transformer_core import checkpoint_dir
 
 transformers = pytest.importorskip("transformers")

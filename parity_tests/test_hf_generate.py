@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from jax_transformer import decoding as jax_decoding
-from parity_tests import test_port, test_port_fairseq
-from parity_tests.helpers import fast_tier, to_numpy, to_torch
-from parity_tests.test_port import load_ours
+from jax_transformer.commands import port as port_command
+from parity_tests import test_port_fairseq
+from parity_tests.helpers import (MARIAN_EOS, MARIAN_PAD, fast_tier, load_ours, make_marian,
+                                  source_batch, to_numpy, to_torch)
 from torch_reference import decoding as torch_decoding
 from transformer_core.generation import Sampling
 
@@ -34,14 +35,13 @@ EOS_BIAS = 2.0  # added to Marian's eos logit: random models rarely end otherwis
 
 
 def marian(tmp_path):
-    model, src_dir = test_port.make_marian(tmp_path)
+    model, src_dir = make_marian(tmp_path)
     with torch.no_grad():
-        model.final_logits_bias[0, test_port.EOS] += EOS_BIAS
+        model.final_logits_bias[0, MARIAN_EOS] += EOS_BIAS
     model.save_pretrained(src_dir)
-    assert test_port.port_command.main(["--from", "hf-marian", str(src_dir),
-                                        str(tmp_path / "ours")]) == 0
-    src = test_port.source_batch(100, test_port.PAD, test_port.EOS)
-    return model, src, test_port.PAD
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "ours")]) == 0
+    src = source_batch(100, MARIAN_PAD, MARIAN_EOS)
+    return model, src, MARIAN_PAD
 
 
 def m2m100(tmp_path):
@@ -99,7 +99,7 @@ def test_hf_style_beam_equals_generate(converted, side, lp):
     np.testing.assert_array_equal(got, want, err_msg=f"{family} lp={lp}")
     np.testing.assert_allclose(to_numpy(scores).reshape(-1), to_numpy(out.sequences_scores),
                                rtol=0, atol=1e-5)
-    eos = test_port.EOS if family == "marian" else test_port_fairseq.EOS
+    eos = MARIAN_EOS if family == "marian" else test_port_fairseq.EOS
     ended = [(row == eos).any() for row in got]
     assert any(ended), "the test needs beams that end in eos"
     if lp == 2.0:  # (so that no case goes untested: 0.6 and 1.0 end earlier)
@@ -118,7 +118,7 @@ def hf_row_scores(model, out, tokens, eos):
 @pytest.mark.parametrize("side", ["flax", "torch"])
 def test_forced_first_token_equals_generate(converted, side):
     family, model, src, pad, flax_model, torch_model = converted
-    eos = test_port.EOS if family == "marian" else test_port_fairseq.EOS
+    eos = MARIAN_EOS if family == "marian" else test_port_fairseq.EOS
     forced = np.array([97, 42, 5])[: src.shape[0]]  # one target-language-like id per row
     decoding, ours_model = ours(side, flax_model, torch_model)
     greedy, greedy_scores = decoding.greedy_search(ours_model, src, max_len=MAX_LEN,

@@ -27,8 +27,8 @@ from jax_transformer import port
 from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
 from transformer_core import positions
-from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
-from parity_tests.test_port import load_ours, our_logits, perturb_
+from parity_tests.helpers import (TORCH_DEVICE, fast_tier, load_ours, our_logits, perturb_,
+                                  to_numpy, to_torch)
 from torch_reference import decoding as torch_decoding
 from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
