@@ -9,18 +9,23 @@ PARITY_TORCH_DEVICE, by default CUDA when torch sees a GPU, else the CPU.
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sentencepiece as spm
 import torch
 from flax import nnx
 
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from jax_transformer import model as flax_models
+from jax_transformer.commands import port as port_command
 from jax_transformer.pretrained import load_torch_state_dict, to_torch_state_dict
 from jax_transformer.scanned import per_layer_state, scan_layers
 from jax_transformer.train import step as jax_training
@@ -337,3 +342,153 @@ def write_lines(path, lines) -> str:
     """`lines` written to `path`, one a line; -> the path, as a flag's value."""
     path.write_text("".join(line + "\n" for line in lines))
     return str(path)
+
+
+# FSMT and M2M100, fairseq's models as transformers has them. fairseq's dictionary:
+# <s> 0, <pad> 1, </s> 2; decoding starts with eos.
+FAIRSEQ_PAD, FAIRSEQ_EOS = 1, 2
+# The languages of the tokenizers built here: FSMT's pair, M2M100's and NLLB's codes.
+LANGS = {"fsmt": ("en", "de"), "m2m100": ("en", "fr"), "nllb": ("eng_Latn", "fra_Latn")}
+FSMT_MERGES = 200  # BPE merges learned for an FSMT tokenizer
+
+
+def fairseq_config(family: str, **overrides):
+    """A small transformers FSMTConfig (family "fsmt") or M2M100Config ("m2m100")."""
+    import transformers
+    sizes = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                 max_position_embeddings=64, dropout=0.1)
+    if family == "fsmt":
+        values = dict(langs=["en", "de"], src_vocab_size=100, tgt_vocab_size=110,
+                      tie_word_embeddings=False, **sizes)
+        return transformers.FSMTConfig(**{**values, **overrides})
+    values = dict(vocab_size=100, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
+                  attention_dropout=0.1, **sizes)
+    return transformers.M2M100Config(**{**values, **overrides})
+
+
+def make_fairseq(tmp_path, family: str, **overrides):
+    """A random transformers model of `family` (perturbed) saved in tmp_path/FAMILY;
+    -> the model, on TORCH_DEVICE, and its directory."""
+    import transformers
+    torch.manual_seed(0)
+    cls = (transformers.FSMTForConditionalGeneration if family == "fsmt"
+           else transformers.M2M100ForConditionalGeneration)
+    model = cls(fairseq_config(family, **overrides)).eval()
+    model.config._attn_implementation = "eager"
+    perturb_(model)  # every parameter but the sinusoid tables
+    src_dir = tmp_path / family
+    model.save_pretrained(src_dir)
+    return model.to(TORCH_DEVICE), src_dir
+
+
+def convert_fairseq(family: str, src_dir, out_dir) -> TransformerConfig:
+    """`jaxformer-port --from hf-FAMILY SRC_DIR OUT_DIR`; -> the converted model's config."""
+    assert port_command.main(["--from", f"hf-{family}", str(src_dir), str(out_dir)]) == 0
+    return TransformerConfig.from_json(out_dir / "config.json")
+
+
+def fairseq_batch(src_vocab: int, tgt_vocab: int, seed: int = 0):
+    """Right-padded (3, 9) sources (a language-code-like first token, eos last) and
+    (3, 7) teacher-forced targets starting with eos, right-padded too."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, src_vocab, size=(3, 9))
+    src[:, 0] = src_vocab - 1  # M2M100 puts the source language code first; a token here
+    for row, length in enumerate((9, 6, 3)):
+        src[row, length - 1], src[row, length:] = FAIRSEQ_EOS, FAIRSEQ_PAD
+    tgt = rng.integers(3, tgt_vocab, size=(3, 7))
+    tgt[:, 0] = FAIRSEQ_EOS
+    tgt[1, 5:], tgt[2, 2:] = FAIRSEQ_PAD, FAIRSEQ_PAD
+    return src, tgt
+
+
+def spm_model(path, sentences: list[str]):
+    """A SentencePiece BPE model of 120 pieces learned on `sentences`, written to `path`."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
+                                   vocab_size=120, model_type="bpe", character_coverage=1.0,
+                                   minloglevel=2)
+    path.write_bytes(model.getvalue())
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def hf_fairseq_tokenizer(tmp_path, family: str, sentences: list[str]):
+    """transformers' tokenizer for `family` ("m2m100" or "nllb"; SentencePiece learned on
+    `sentences`), saved in a directory of its own; -> it and that directory."""
+    import transformers
+    src, tgt = LANGS[family]
+    work = tmp_path / f"{family}-tok"
+    work.mkdir()
+    sp = spm_model(work / "sentencepiece.bpe.model", sentences)
+    if family == "m2m100":
+        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+        for i in range(sp.get_piece_size()):
+            vocab.setdefault(sp.id_to_piece(i), len(vocab))
+        (work / "vocab.json").write_text(json.dumps(vocab))
+        tok = transformers.M2M100Tokenizer(work / "vocab.json", work / "sentencepiece.bpe.model",
+                                           src_lang=src, tgt_lang=tgt)
+    else:
+        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
+        tok = transformers.NllbTokenizer.from_pretrained(
+            work, src_lang=src, tgt_lang=tgt, extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
+    return tok, work
+
+
+def learn_merges(sentences: list[str], count: int) -> list[tuple[str, str]]:
+    """fastBPE-style merges on Moses tokens: the most frequent pair first (ties: the
+    larger pair), each word's last symbol carrying "</w>"."""
+    import sacremoses
+    moses = sacremoses.MosesTokenizer(LANGS["fsmt"][0])
+    words = Counter(tuple(w[:-1]) + (w[-1] + "</w>",) for s in sentences
+                    for w in moses.tokenize(s, aggressive_dash_splits=True, escape=True))
+    merges = []
+    for _ in range(count):
+        pairs = Counter()
+        for word, n in words.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        best = max(pairs, key=lambda pair: (pairs[pair], pair))
+        merges.append(best)
+        merged = Counter()
+        for word, n in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if word[i:i + 2] == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += n
+        words = merged
+    return merges
+
+
+def write_bpe_files(directory, sentences: list[str], gaps: bool = True):
+    """merges.txt, vocab-src.json and vocab-tgt.json (fairseq's specials 0-3 first), BPE
+    learned on `sentences`; `gaps`: every 7th symbol left out of the target's."""
+    directory.mkdir()
+    merges = learn_merges(sentences, FSMT_MERGES)
+    symbols = sorted({a for pair in merges for a in pair} | {a + b for a, b in merges})
+    specials = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocabs = {"src": {**specials, **{s: 4 + i for i, s in enumerate(symbols)}},
+              "tgt": {**specials, **{s: 4 + i for i, s in enumerate(
+                  s for n, s in enumerate(reversed(symbols)) if n % 7 or not gaps)}}}
+    (directory / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in merges))
+    for side, vocab in vocabs.items():
+        (directory / f"vocab-{side}.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return vocabs
+
+
+def hf_fsmt_tokenizer(directory, reverse: bool = False, do_lower_case: bool = False):
+    """transformers' FSMTTokenizer on the files in `directory`; `reverse`: target first."""
+    import transformers
+    langs = LANGS["fsmt"]
+    sides = ("tgt", "src") if reverse else ("src", "tgt")
+    return transformers.FSMTTokenizer(
+        langs=list(langs[::-1] if reverse else langs), do_lower_case=do_lower_case,
+        src_vocab_file=str(directory / f"vocab-{sides[0]}.json"),
+        tgt_vocab_file=str(directory / f"vocab-{sides[1]}.json"),
+        merges_file=str(directory / "merges.txt"))
