@@ -101,3 +101,22 @@ def run_command(main, args, capsys):
     code = main([str(a) for a in args])
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
+
+
+# ------------------------------------------------------------------ parallel text
+
+# The data tests' corpora are random sentences of these words.
+CORPUS_WORDS = "the a cat dog sat ran on under mat log big small red old new one two".split()
+
+
+def write_parallel(tmp_path, count: int, seed: int = 0, long_every: int = 0):
+    """Two aligned files of `count` random sentences (every `long_every`-th one long)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(count):
+        n = 60 if long_every and i % long_every == 0 else int(rng.integers(2, 12))
+        lines.append(" ".join(rng.choice(CORPUS_WORDS, n)))
+    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
+    src.write_text("".join(line + "\n" for line in lines))
+    tgt.write_text("".join(line.upper() + " ." + "\n" for line in lines))
+    return src, tgt

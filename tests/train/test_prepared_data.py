@@ -9,7 +9,7 @@ from jax_transformer.commands import prepare as prepare_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.train import inputs
-from tests.data.test_prepare import write_parallel
+from tests.helpers import write_parallel
 from tests.train.runs import TINY, losses, tiny_run, tiny_settings
 from transformer_core.errors import TrainError
 
