@@ -1,6 +1,7 @@
 """What the parity tests share: config variants, model pairs with copied weights,
-test batches, comparisons, the Flax model's gradients. Imported by tests; fixtures
-live in conftest.py.
+test batches, comparisons, the Flax model's gradients, and the models the port tests
+convert (transformers' Marian, FSMT and M2M100 with random weights, their tokenizers).
+Imported by tests and by benchmarks/bench_init_from.py; fixtures live in conftest.py.
 
 JAX runs on its default backend (JAX_PLATFORMS=cpu forces the CPU); torch on
 PARITY_TORCH_DEVICE, by default CUDA when torch sees a GPU, else the CPU.
