@@ -6,12 +6,12 @@ first loss, each device's share of the state, the step's compile, the host's pea
 
 The model is transformers' M2M100 with random weights (12+12 layers, d_model 1024,
 FFN 4096, 16 heads: 353M parameters, the small vocabulary of a SentencePiece model
-learned on the number corpus of parity_tests; no download), converted with
-jaxformer-port. Each run is `train.py --init-from ... --steps 2` in a process of its
-own, its peak resident memory read by a parent made for it (getrusage of its
-children). The 8 devices share this machine's memory, so the host's peak holds all
-of their step temporaries; each device's share of the state is eval.json's
-`device_state_bytes`.
+learned on number words; no download), built as the parity tests build theirs
+(parity_tests/helpers.py) and converted with jaxformer-port. Each run is `train.py
+--init-from ... --steps 2` in a process of its own, its peak resident memory read by a
+parent made for it (getrusage of its children). The 8 devices share this machine's
+memory, so the host's peak holds all of their step temporaries; each device's share of
+the state is eval.json's `device_state_bytes`.
 
 Results go to benchmarks/results/init_from_fsdp.json with the markdown page beside it
 (--render-only RESULTS_JSON renders it again).
@@ -39,6 +39,8 @@ RUNS = {"one device, whole": ["--cpu-devices", "1"],
         # the default size; at a small one it shows that the first loss depends on the
         # device count (the loss summed in 8 parts), not on --fsdp
         "8 devices, whole": ["--cpu-devices", "8"]}
+# The corpus the tokenizer is learned on and the runs train on: number words, en -> fr.
+CORPUS = dict(num_train=48, num_dev=8, num_test=8, max_number=300, seed=0)
 # Runs `sys.argv[1:]` and prints its peak resident memory (bytes) on its last line.
 PEAK_OF_CHILD = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode;"
                  " print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024);"
@@ -69,22 +71,21 @@ def sizes(args) -> dict:
 def build(work: Path, model_sizes: dict) -> tuple[Path, int]:
     """The converted random M2M100 and its corpus files in `work`; -> its directory
     and parameter count."""
-    from parity_tests import test_fairseq_tokenizers, test_port_fairseq
-    from parity_tests.test_finetune_fairseq import number_pairs
+    from jax_transformer.data import corpora
+    from parity_tests.helpers import convert_fairseq, hf_fairseq_tokenizer, make_fairseq
 
-    pairs = number_pairs("m2m100")
-    tokenizer, tokenizer_work = test_fairseq_tokenizers.hf_tokenizer(
+    pairs = corpora.number_corpus("en", "fr", **CORPUS)
+    tokenizer, tokenizer_work = hf_fairseq_tokenizer(
         work, "m2m100", [s for pair in pairs["train"] for s in pair])
     vocab = max([len(tokenizer), *tokenizer.id_to_lang_token]) + 8
-    test_port_fairseq.SIZES.update(model_sizes)
-    model, src_dir = test_port_fairseq.make_model(work, "m2m100", vocab_size=vocab,
-                                                  tie_word_embeddings=False)
+    model, src_dir = make_fairseq(work, "m2m100", vocab_size=vocab, tie_word_embeddings=False,
+                                  **model_sizes)
     parameters = sum(p.numel() for p in model.parameters())
     del model
     tokenizer.save_pretrained(src_dir)
     (src_dir / "sentencepiece.bpe.model").write_bytes(
         (tokenizer_work / "sentencepiece.bpe.model").read_bytes())
-    test_port_fairseq.convert("m2m100", src_dir, work / "converted")
+    convert_fairseq("m2m100", src_dir, work / "converted")
     for split, rows in pairs.items():
         (work / f"{split}.src").write_text("".join(s + "\n" for s, _ in rows))
         (work / f"{split}.tgt").write_text("".join(t + "\n" for _, t in rows))

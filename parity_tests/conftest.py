@@ -8,11 +8,12 @@ its deterministic algorithms (jax_transformer.numerics.pinned_numerics).
 import os
 
 import filelock
+import jax
 import pytest
 import torch
 
 from jax_transformer.numerics import pinned_numerics
-from parity_tests.helpers import DIRECTIONS
+from parity_tests.helpers import DIRECTIONS, skip_unless_float64
 
 torch.set_num_threads(1)
 
@@ -26,6 +27,16 @@ def pinned():
 @pytest.fixture(params=DIRECTIONS)
 def direction(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def x64():
+    """JAX's float64 (x64 mode) for the module that asks for it, from its first test
+    that does to its end."""
+    skip_unless_float64()
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
 
 
 # Enough steps for outputs that are not just </s>; the translations are still poor. Marian's

@@ -3,11 +3,9 @@ same text with --framework jax and --framework torch (tiny checkpoints of either
 
 import pytest
 
-from tests.test_generate import PROMPTS, checkpoint  # noqa: F401 (a fixture)
-from tests.test_generate import run_main as run_generate
-from tests.test_translate import (LINES, jax_checkpoint, tokenizer,  # noqa: F401 (fixtures)
-                                  torch_checkpoint)
-from tests.test_translate import run_main as run_translate
+from tests.helpers import LINES, PROMPTS, run_generate, run_translate
+# The commands' checkpoints, fixtures of tests/ (its conftest.py registers them there)
+from tests.helpers import checkpoint, jax_checkpoint, tokenizer, torch_checkpoint  # noqa: F401
 
 
 @pytest.mark.parametrize("checkpoint", ["jax_checkpoint", "torch_checkpoint"])

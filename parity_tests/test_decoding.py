@@ -19,8 +19,7 @@ from jax_transformer import decoding as jax_decoding
 from jax_transformer import search as jax_search
 from jax_transformer.model import Transformer
 from jax_transformer.scanned import scan_layers
-from parity_tests.helpers import (SCANNING, TORCH_DEVICE, fast_tier, skip_unless_float64,
-                                  to_numpy, to_torch)
+from parity_tests.helpers import SCANNING, TORCH_DEVICE, fast_tier, to_numpy, to_torch
 from torch_reference import decoding as torch_decoding
 from torch_reference import search as torch_search
 from transformer_core.generation import Sampling
@@ -113,14 +112,6 @@ def test_top_k_tie_breaking_agrees():
 
 
 # ---------------------------------------------------------- searches, float64
-
-@pytest.fixture(scope="module")
-def x64():
-    skip_unless_float64()
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
 
 @pytest.fixture(scope="module")
 def models(x64):

@@ -25,9 +25,8 @@ import torch_reference.decoding
 from jax_transformer import port
 from jax_transformer.commands import port as port_command
 from transformer_core.marian_tokenizer import MarianTokenizer
-from parity_tests.helpers import fast_tier
-from parity_tests.test_port import (make_marian, marian_config, perturb_, source_batch,
-                                    target_batch)
+from parity_tests.helpers import (fast_tier, load_hf, make_marian, marian_config, perturb_,
+                                  source_batch, target_batch)
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
@@ -45,14 +44,6 @@ TEXT = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves n
 
 def export(src, out) -> None:
     assert port_command.main(["--to", "hf-marian", str(src), str(out)]) == 0
-
-
-def load_hf(directory):
-    """MarianMTModel.from_pretrained, asserting that every key was expected and present."""
-    model, info = transformers.MarianMTModel.from_pretrained(
-        directory, output_loading_info=True, attn_implementation="eager")
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    return model.eval()
 
 
 def hf_logits_fn(model, pad):

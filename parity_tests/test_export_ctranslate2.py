@@ -20,8 +20,7 @@ import torch
 
 import torch_reference
 from jax_transformer.commands import port as port_command
-from parity_tests.helpers import fast_tier
-from parity_tests.test_port import perturb_
+from parity_tests.helpers import fast_tier, perturb_
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
 

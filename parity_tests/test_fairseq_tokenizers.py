@@ -5,22 +5,19 @@ text, and `jaxformer-translate --src-lang --tgt-lang` gives transformers'
 A small SentencePiece BPE model is trained here; transformers' M2M100Tokenizer
 (vocab.json + the 100 m2m100 codes after it) and NllbTokenizer (tokenizer.json,
 the 202 NLLB codes as added tokens) are built on it and saved beside random
-M2M100 models (test_port_fairseq.make_model) whose vocabularies fit them.
+M2M100 models (helpers.make_fairseq) whose vocabularies fit them.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import shutil
 
 import pytest
-import sentencepiece as spm
 import torch
 
 from jax_transformer.commands import translate as translate_command
-from parity_tests import test_port_fairseq
-from parity_tests.helpers import fast_tier, to_numpy
+from parity_tests.helpers import (LANGS, convert_fairseq, fast_tier, hf_fairseq_tokenizer,
+                                  make_fairseq, to_numpy)
 from transformer_core import checkpoint_dir
 from transformer_core.fairseq_tokenizer import FairseqTokenizer
 
@@ -31,37 +28,7 @@ TRAIN = ["Hello world, this is a test.", "Ça coûte 12,50 € — vraiment ?", 
 SENTENCES = ["Hello world!", "Ça coûte 12,50 € ?", "déjà vu: 3 Äpfel, naïve Öl.",
              "The year 1999 (not 2024) had 365 days.", "  spaced   out  ", "zzz qqq ÿ"]
 MAX_LEN = 10
-LANGS = {"m2m100": ("en", "fr"), "nllb": ("eng_Latn", "fra_Latn")}
-
-
-def spm_model(path, sentences=TRAIN):
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
-                                   vocab_size=120, model_type="bpe", character_coverage=1.0,
-                                   minloglevel=2)
-    path.write_bytes(model.getvalue())
-    return spm.SentencePieceProcessor(model_file=str(path))
-
-
-def hf_tokenizer(tmp_path, family: str, sentences=TRAIN):
-    """transformers' tokenizer for `family` (SentencePiece learned on `sentences`), saved
-    in a directory of its own."""
-    src, tgt = LANGS[family]
-    work = tmp_path / f"{family}-tok"
-    work.mkdir()
-    sp = spm_model(work / "sentencepiece.bpe.model", sentences)
-    if family == "m2m100":
-        vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-        for i in range(sp.get_piece_size()):
-            vocab.setdefault(sp.id_to_piece(i), len(vocab))
-        (work / "vocab.json").write_text(json.dumps(vocab))
-        tok = transformers.M2M100Tokenizer(work / "vocab.json", work / "sentencepiece.bpe.model",
-                                           src_lang=src, tgt_lang=tgt)
-    else:
-        from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
-        tok = transformers.NllbTokenizer.from_pretrained(
-            work, src_lang=src, tgt_lang=tgt, extra_special_tokens=FAIRSEQ_LANGUAGE_CODES)
-    return tok, work
+FAMILIES = ["m2m100", "nllb"]
 
 
 def hf_decode(tok, family: str, ids) -> list[str]:
@@ -74,20 +41,19 @@ def hf_decode(tok, family: str, ids) -> list[str]:
     return tok.batch_decode(ids, skip_special_tokens=True)
 
 
-@pytest.fixture(scope="module", params=list(LANGS))
+@pytest.fixture(scope="module", params=FAMILIES)
 def converted(request, tmp_path_factory):
     family = request.param
     tmp_path = tmp_path_factory.mktemp(family)
-    tok, work = hf_tokenizer(tmp_path, family)
+    tok, work = hf_fairseq_tokenizer(tmp_path, family, TRAIN)
     size = max([len(tok), *getattr(tok, "id_to_lang_token", {})]) + 8  # M2M100: codes after len
-    model, src_dir = test_port_fairseq.make_model(tmp_path, "m2m100", vocab_size=size,
-                                                  tie_word_embeddings=False)
+    model, src_dir = make_fairseq(tmp_path, "m2m100", vocab_size=size, tie_word_embeddings=False)
     with torch.no_grad():  # text pieces (ids 4..120) win over codes and </s> more often
         model.lm_head.weight[4:121] *= 3.0
     model.save_pretrained(src_dir)
     tok.save_pretrained(src_dir)
     shutil.copyfile(work / "sentencepiece.bpe.model", src_dir / "sentencepiece.bpe.model")
-    test_port_fairseq.convert("m2m100", src_dir, tmp_path / "ours")
+    convert_fairseq("m2m100", src_dir, tmp_path / "ours")
     return family, tok, model, tmp_path / "ours"
 
 

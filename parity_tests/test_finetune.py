@@ -32,8 +32,8 @@ import torch
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.data import corpora
-from parity_tests.test_export import load_hf
-from parity_tests.test_port import make_marian
+from parity_tests.helpers import load_hf, make_marian, write_lines
+from tests.train.runs import records
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
@@ -59,11 +59,6 @@ def marian_vocab(*models: bytes) -> dict[str, int]:
                    if p not in ("<unk>", "<s>", "</s>") and p not in pieces]
     vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
     return {**vocab, "<pad>": len(vocab)}
-
-
-def write_lines(path, lines) -> str:
-    path.write_text("".join(line + "\n" for line in lines))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +90,6 @@ def finetuned(tmp_path_factory):
         "--eval-every", "25", "--checkpoint-every", "50", "--samples", "0", "--quiet"]) == 0
     assert port_command.main(["--to", "hf-marian", str(workdir / "export"), str(tmp / "hf")]) == 0
     return model.eval(), src_dir, workdir, tmp / "hf", splits
-
-
-def records(workdir) -> list[dict]:
-    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """Fine-tuning converted FSMT and M2M100 models (train.py --init-from) trains on the
 batches transformers would, and the export translates.
 
-For each family a random transformers model (test_port_fairseq.make_model) with a
+For each family a random transformers model (helpers.make_fairseq) with a
 tokenizer learned on generated number words (FSMT: Moses + BPE, en -> de,
-test_fsmt_tokenizer; M2M100: SentencePiece + language codes, en -> fr,
+as in test_fsmt_tokenizer; M2M100: SentencePiece + language codes, en -> fr, as in
 test_fairseq_tokenizers) is converted with `port`, then fine-tuned for 2 steps
 (dropout 0, label smoothing 0; M2M100 with --src-lang-code en --tgt-lang-code fr):
 
@@ -33,14 +33,14 @@ from jax_transformer.commands import translate as translate_command
 from jax_transformer.data import corpora
 from jax_transformer.train.inputs import unknown_id
 from transformer_core.errors import TrainError
-from parity_tests import test_fairseq_tokenizers, test_fsmt_tokenizer, test_port_fairseq
-from parity_tests.test_finetune import records, write_lines
+from parity_tests.helpers import (FAIRSEQ_EOS, LANGS, hf_fairseq_tokenizer, hf_fsmt_tokenizer,
+                                  make_fairseq, write_bpe_files, write_lines)
+from tests.train.runs import records
 from transformer_core import checkpoint_dir
 
 transformers = pytest.importorskip("transformers")
 
 TRAIN, DEV, TEST = 48, 8, 8
-LANGS = {"fsmt": test_fsmt_tokenizer.LANGS, "m2m100": test_fairseq_tokenizers.LANGS["m2m100"]}
 
 
 def number_pairs(family: str) -> dict[str, list[corpora.Pair]]:
@@ -52,20 +52,19 @@ def fsmt(tmp, text: list[str]):
     """A random FSMT model, its source tokenizer and its target one (vocab-tgt.json as
     the source vocabulary: transformers' FSMTTokenizer has no target mode). The target
     vocabulary has the source's symbols in another order, none left out (unknown)."""
-    vocabs = test_fsmt_tokenizer.write_bpe_files(tmp / "bpe", text, gaps=False)
-    model, src_dir = test_port_fairseq.make_model(
-        tmp, "fsmt", src_vocab_size=len(vocabs["src"]), tgt_vocab_size=len(vocabs["tgt"]))
-    test_fsmt_tokenizer.hf_tokenizer(tmp / "bpe").save_pretrained(src_dir)
-    return (model, src_dir, test_fsmt_tokenizer.hf_tokenizer(tmp / "bpe"),
-            test_fsmt_tokenizer.hf_tokenizer(tmp / "bpe", reverse=True))
+    vocabs = write_bpe_files(tmp / "bpe", text, gaps=False)
+    model, src_dir = make_fairseq(tmp, "fsmt", src_vocab_size=len(vocabs["src"]),
+                                  tgt_vocab_size=len(vocabs["tgt"]))
+    hf_fsmt_tokenizer(tmp / "bpe").save_pretrained(src_dir)
+    return (model, src_dir, hf_fsmt_tokenizer(tmp / "bpe"),
+            hf_fsmt_tokenizer(tmp / "bpe", reverse=True))
 
 
 def m2m100(tmp, text: list[str]):
     """A random M2M100 model and its tokenizer (source and target)."""
-    tok, work = test_fairseq_tokenizers.hf_tokenizer(tmp, "m2m100", text)
+    tok, work = hf_fairseq_tokenizer(tmp, "m2m100", text)
     size = max([len(tok), *tok.id_to_lang_token]) + 8  # the codes come after len(tok)
-    model, src_dir = test_port_fairseq.make_model(tmp, "m2m100", vocab_size=size,
-                                                  tie_word_embeddings=False)
+    model, src_dir = make_fairseq(tmp, "m2m100", vocab_size=size, tie_word_embeddings=False)
     with torch.no_grad():  # text pieces win over </s> and the codes more often
         model.lm_head.weight[4:tok.vocab_size] *= 3.0  # the codes come after
     model.save_pretrained(src_dir)
@@ -142,7 +141,7 @@ def test_step_one_loss_is_transformers_loss(finetuned):
                            decoder_input_ids=None if start is None else start.to(on),
                            labels=labels.to(on)).loss)
     if family == "fsmt":
-        assert (start[:, 0] == test_port_fairseq.EOS).all()
+        assert (start[:, 0] == FAIRSEQ_EOS).all()
     step_one = next(r for r in records(tmp / "run") if r["step"] == 1 and "loss" in r)
     assert step_one["tokens"] == int((labels != -100).sum())  # every pair, once
     assert abs(step_one["loss"] - want) <= 1e-5 * abs(want), (step_one["loss"], want)
@@ -198,8 +197,8 @@ def test_language_code_flags_are_refused_where_they_do_not_fit(converted, tmp_pa
 
 def test_an_nllb_tokenizer_with_the_source_code_last_is_refused(tmp_path):
     text = [s for pair in number_pairs("m2m100")["train"] for s in pair]
-    tok, work = test_fairseq_tokenizers.hf_tokenizer(tmp_path, "nllb", text)
-    _, src_dir = test_port_fairseq.make_model(tmp_path, "m2m100", vocab_size=len(tok) + 8)
+    tok, work = hf_fairseq_tokenizer(tmp_path, "nllb", text)
+    _, src_dir = make_fairseq(tmp_path, "m2m100", vocab_size=len(tok) + 8)
     tok.save_pretrained(src_dir)
     (src_dir / "sentencepiece.bpe.model").write_bytes(
         (work / "sentencepiece.bpe.model").read_bytes())

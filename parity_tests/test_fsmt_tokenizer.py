@@ -5,7 +5,7 @@ A small BPE is learned here on Moses-tokenised sentences (words end in "</w>", a
 FSMT's merges.txt); two vocabularies are made from its symbols, the target's in another
 order and with some symbols left out, so a side read with the other's vocabulary
 gets other ids. transformers' FSMTTokenizer is built on those files and saved beside a
-random FSMT model (test_port_fairseq.make_model) whose vocabularies fit them.
+random FSMT model (helpers.make_fairseq) whose vocabularies fit them.
 transformers' FSMTTokenizer has no target mode (its `text_target` ids are the source
 vocabulary's), so target ids are compared with an FSMTTokenizer built the other way
 round: target language first, vocab-tgt.json as its source vocabulary.
@@ -13,27 +13,23 @@ round: target language first, vocab-tgt.json as its source vocabulary.
 
 from __future__ import annotations
 
-import json
 import shutil
-from collections import Counter
 
 import pytest
-import sacremoses
 import torch
 
 from jax_transformer.applications import parity
 from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import translate as translate_command
-from parity_tests import test_port_fairseq
-from parity_tests.helpers import fast_tier, to_numpy
+from parity_tests.helpers import (convert_fairseq, fast_tier, hf_fsmt_tokenizer, make_fairseq,
+                                  to_numpy, write_bpe_files)
 from transformer_core import checkpoint_dir
 from transformer_core.fsmt_tokenizer import FSMTTokenizer
 from transformer_core.tokenizer import TokenizerError
 
 transformers = pytest.importorskip("transformers")
 
-LANGS = ("en", "de")
 TRAIN = ["Hello world, this is a test.", "It costs 12.50 euros - really?",
          "Über 3 Äpfel und Öl!", "naïve café, déjà vu: 2024-05-17.",
          "The year 2024 had 366 days (a leap year).", "\"Quoted\" words & 'single' ones.",
@@ -50,78 +46,20 @@ SENTENCES = [
     "a </s> b <unk> c",  # special tokens' texts are themselves
     "ÜBER 3 ÄPFEL",
 ]
-MERGES = 200
 MAX_LEN = 10
-
-
-def learn_merges(sentences: list[str], count: int) -> list[tuple[str, str]]:
-    """fastBPE-style merges on Moses tokens: the most frequent pair first (ties: the
-    larger pair), each word's last symbol carrying "</w>"."""
-    moses = sacremoses.MosesTokenizer(LANGS[0])
-    words = Counter(tuple(w[:-1]) + (w[-1] + "</w>",) for s in sentences
-                    for w in moses.tokenize(s, aggressive_dash_splits=True, escape=True))
-    merges = []
-    for _ in range(count):
-        pairs = Counter()
-        for word, n in words.items():
-            for pair in zip(word, word[1:]):
-                pairs[pair] += n
-        if not pairs:
-            break
-        best = max(pairs, key=lambda pair: (pairs[pair], pair))
-        merges.append(best)
-        merged = Counter()
-        for word, n in words.items():
-            out, i = [], 0
-            while i < len(word):
-                if word[i:i + 2] == best:
-                    out.append(word[i] + word[i + 1])
-                    i += 2
-                else:
-                    out.append(word[i])
-                    i += 1
-            merged[tuple(out)] += n
-        words = merged
-    return merges
-
-
-def write_bpe_files(directory, sentences=TRAIN, gaps: bool = True):
-    """merges.txt, vocab-src.json and vocab-tgt.json (fairseq's specials 0-3 first), BPE
-    learned on `sentences`; `gaps`: every 7th symbol left out of the target's."""
-    directory.mkdir()
-    merges = learn_merges(sentences, MERGES)
-    symbols = sorted({a for pair in merges for a in pair} | {a + b for a, b in merges})
-    specials = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    vocabs = {"src": {**specials, **{s: 4 + i for i, s in enumerate(symbols)}},
-              "tgt": {**specials, **{s: 4 + i for i, s in enumerate(
-                  s for n, s in enumerate(reversed(symbols)) if n % 7 or not gaps)}}}
-    (directory / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in merges))
-    for side, vocab in vocabs.items():
-        (directory / f"vocab-{side}.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    return vocabs
-
-
-def hf_tokenizer(directory, reverse: bool = False, do_lower_case: bool = False):
-    """transformers' FSMTTokenizer on the files in `directory`; `reverse`: target first."""
-    sides = ("tgt", "src") if reverse else ("src", "tgt")
-    return transformers.FSMTTokenizer(
-        langs=list(LANGS[::-1] if reverse else LANGS), do_lower_case=do_lower_case,
-        src_vocab_file=str(directory / f"vocab-{sides[0]}.json"),
-        tgt_vocab_file=str(directory / f"vocab-{sides[1]}.json"),
-        merges_file=str(directory / "merges.txt"))
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("fsmt")
-    vocabs = write_bpe_files(tmp_path / "bpe")
-    model, src_dir = test_port_fairseq.make_model(
-        tmp_path, "fsmt", src_vocab_size=len(vocabs["src"]), tgt_vocab_size=len(vocabs["tgt"]))
+    vocabs = write_bpe_files(tmp_path / "bpe", TRAIN)
+    model, src_dir = make_fairseq(tmp_path, "fsmt", src_vocab_size=len(vocabs["src"]),
+                                  tgt_vocab_size=len(vocabs["tgt"]))
     with torch.no_grad():  # text pieces win over </s> and <unk> more often
         model.model.decoder.output_projection.weight[4:] *= 3.0
     model.save_pretrained(src_dir)
-    hf_tokenizer(tmp_path / "bpe").save_pretrained(src_dir)
-    test_port_fairseq.convert("fsmt", src_dir, tmp_path / "ours")
+    hf_fsmt_tokenizer(tmp_path / "bpe").save_pretrained(src_dir)
+    convert_fairseq("fsmt", src_dir, tmp_path / "ours")
     return model, src_dir, tmp_path / "ours"
 
 
@@ -129,7 +67,7 @@ def test_ids_and_text_equal_transformers(converted):
     _, src_dir, ours_dir = converted
     ours = checkpoint_dir.load_tokenizer(ours_dir)
     assert isinstance(ours, FSMTTokenizer)
-    source, target = hf_tokenizer(src_dir), hf_tokenizer(src_dir, reverse=True)
+    source, target = hf_fsmt_tokenizer(src_dir), hf_fsmt_tokenizer(src_dir, reverse=True)
     sides_differ = 0
     for text in SENTENCES:
         want = source(text).input_ids
@@ -146,7 +84,7 @@ def test_ids_and_text_equal_transformers(converted):
 
 def test_decode_equals_transformers_on_any_ids(converted):
     _, src_dir, ours_dir = converted
-    ours, theirs = checkpoint_dir.load_tokenizer(ours_dir), hf_tokenizer(src_dir)
+    ours, theirs = checkpoint_dir.load_tokenizer(ours_dir), hf_fsmt_tokenizer(src_dir)
     rng = torch.Generator().manual_seed(0)
     for _ in range(50):
         ids = torch.randint(0, len(ours.vocab["target"]), (12,), generator=rng).tolist()
@@ -157,8 +95,8 @@ def test_decode_equals_transformers_on_any_ids(converted):
 def test_lower_casing_is_converted(converted, tmp_path):
     _, src_dir, _ = converted
     shutil.copytree(src_dir, tmp_path / "lower")
-    hf_tokenizer(src_dir, do_lower_case=True).save_pretrained(tmp_path / "lower")
-    test_port_fairseq.convert("fsmt", tmp_path / "lower", tmp_path / "ours")
+    hf_fsmt_tokenizer(src_dir, do_lower_case=True).save_pretrained(tmp_path / "lower")
+    convert_fairseq("fsmt", tmp_path / "lower", tmp_path / "ours")
     ours = checkpoint_dir.load_tokenizer(tmp_path / "ours")
     theirs = transformers.FSMTTokenizer.from_pretrained(tmp_path / "lower")
     assert theirs.do_lower_case and ours.do_lower_case
@@ -196,10 +134,10 @@ def test_parity_runs_on_sentences(converted, tmp_path, capsys):
     _, src_dir, ours_dir = converted
     config = checkpoint_dir.load_dir(ours_dir)[0]
     src, tgt = parity.sentence_batch(ours_dir, config, SENTENCES[:2])
-    theirs = hf_tokenizer(src_dir)(SENTENCES[1]).input_ids
+    theirs = hf_fsmt_tokenizer(src_dir)(SENTENCES[1]).input_ids
     assert src[1].tolist() == theirs + [config.pad_id] * (src.shape[1] - len(theirs))
     assert tgt[1, 0] == 2 and tgt[1, 1:4].tolist() == \
-        hf_tokenizer(src_dir, reverse=True)(SENTENCES[1]).input_ids[:3]
+        hf_fsmt_tokenizer(src_dir, reverse=True)(SENTENCES[1]).input_ids[:3]
     (tmp_path / "sents.txt").write_text("".join(s + "\n" for s in SENTENCES[:2]))
     assert parity_command.main([str(ours_dir), "--sentences", str(tmp_path / "sents.txt"),
                                 "--dtypes", "float32"]) == 0

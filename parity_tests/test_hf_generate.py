@@ -1,7 +1,7 @@
 """transformers' beam search and forced first token, in both of our frameworks.
 
-Random-weight Marian and M2M100 models (test_port.py's and test_port_fairseq.py's
-builders, every parameter perturbed; nothing downloaded), converted with
+Random-weight Marian and M2M100 models (helpers.make_marian and make_fairseq, every
+parameter perturbed; nothing downloaded), converted with
 `jaxformer-port`, decode as transformers' `generate` does:
 
 - `beam_search(..., length_penalty_style="hf", alpha=lp)` gives
@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from jax_transformer import decoding as jax_decoding
-from parity_tests import test_port, test_port_fairseq
-from parity_tests.helpers import fast_tier, to_numpy, to_torch
-from parity_tests.test_port import load_ours
+from jax_transformer.commands import port as port_command
+from parity_tests.helpers import (FAIRSEQ_EOS, FAIRSEQ_PAD, MARIAN_EOS, MARIAN_PAD,
+                                  convert_fairseq, fairseq_batch, fast_tier, load_ours,
+                                  make_fairseq, make_marian, source_batch, to_numpy, to_torch)
 from torch_reference import decoding as torch_decoding
 from transformer_core.generation import Sampling
 
@@ -34,25 +35,23 @@ EOS_BIAS = 2.0  # added to Marian's eos logit: random models rarely end otherwis
 
 
 def marian(tmp_path):
-    model, src_dir = test_port.make_marian(tmp_path)
+    model, src_dir = make_marian(tmp_path)
     with torch.no_grad():
-        model.final_logits_bias[0, test_port.EOS] += EOS_BIAS
+        model.final_logits_bias[0, MARIAN_EOS] += EOS_BIAS
     model.save_pretrained(src_dir)
-    assert test_port.port_command.main(["--from", "hf-marian", str(src_dir),
-                                        str(tmp_path / "ours")]) == 0
-    src = test_port.source_batch(100, test_port.PAD, test_port.EOS)
-    return model, src, test_port.PAD
+    assert port_command.main(["--from", "hf-marian", str(src_dir), str(tmp_path / "ours")]) == 0
+    src = source_batch(100, MARIAN_PAD, MARIAN_EOS)
+    return model, src, MARIAN_PAD
 
 
 def m2m100(tmp_path):
-    model, src_dir = test_port_fairseq.make_model(tmp_path, "m2m100",
-                                                  tie_word_embeddings=False)
+    model, src_dir = make_fairseq(tmp_path, "m2m100", tie_word_embeddings=False)
     with torch.no_grad():  # untied, so that only the eos logit grows
-        model.lm_head.weight[test_port_fairseq.EOS] *= 2.5
+        model.lm_head.weight[FAIRSEQ_EOS] *= 2.5
     model.save_pretrained(src_dir)
-    test_port_fairseq.convert("m2m100", src_dir, tmp_path / "ours")
-    src, _ = test_port_fairseq.batch(100, 100)
-    return model, src, test_port_fairseq.PAD
+    convert_fairseq("m2m100", src_dir, tmp_path / "ours")
+    src, _ = fairseq_batch(100, 100)
+    return model, src, FAIRSEQ_PAD
 
 
 FAMILIES = {"marian": marian, "m2m100": m2m100}
@@ -99,7 +98,7 @@ def test_hf_style_beam_equals_generate(converted, side, lp):
     np.testing.assert_array_equal(got, want, err_msg=f"{family} lp={lp}")
     np.testing.assert_allclose(to_numpy(scores).reshape(-1), to_numpy(out.sequences_scores),
                                rtol=0, atol=1e-5)
-    eos = test_port.EOS if family == "marian" else test_port_fairseq.EOS
+    eos = MARIAN_EOS if family == "marian" else FAIRSEQ_EOS
     ended = [(row == eos).any() for row in got]
     assert any(ended), "the test needs beams that end in eos"
     if lp == 2.0:  # (so that no case goes untested: 0.6 and 1.0 end earlier)
@@ -118,7 +117,7 @@ def hf_row_scores(model, out, tokens, eos):
 @pytest.mark.parametrize("side", ["flax", "torch"])
 def test_forced_first_token_equals_generate(converted, side):
     family, model, src, pad, flax_model, torch_model = converted
-    eos = test_port.EOS if family == "marian" else test_port_fairseq.EOS
+    eos = MARIAN_EOS if family == "marian" else FAIRSEQ_EOS
     forced = np.array([97, 42, 5])[: src.shape[0]]  # one target-language-like id per row
     decoding, ours_model = ours(side, flax_model, torch_model)
     greedy, greedy_scores = decoding.greedy_search(ours_model, src, max_len=MAX_LEN,

@@ -13,7 +13,7 @@ import torch
 
 from jax_transformer import lm_decoding as jax_lm
 from parity_tests.helpers import (SINGLE_STACK_CONFIGS, build_pair, fast_tier, precision,
-                                  skip_unless_float64, to_numpy, to_torch)
+                                  to_numpy, to_torch)
 from torch_reference import lm_decoding as torch_lm
 from transformer_core.generation import Sampling
 
@@ -67,14 +67,6 @@ def test_cached_step_logits_equal_full_recompute(name, direction):
 
 
 # ---------------------------------------------------------- searches, float64
-
-@pytest.fixture(scope="module")
-def x64():
-    skip_unless_float64()
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
 
 @pytest.fixture(scope="module")
 def models(x64):

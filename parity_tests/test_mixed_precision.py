@@ -26,8 +26,8 @@ from jax_transformer.model import Transformer as FlaxTransformer
 from jax_transformer.pretrained import load_torch_state_dict
 from jax_transformer.numerics import mixed_precision_ok, relative_rms_error, rounding_error
 from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
-from parity_tests.helpers import BASE, CONFIGS, TORCH_DEVICE, build_pair, to_numpy, to_torch
-from parity_tests.test_training_parity import jax_gradients
+from parity_tests.helpers import (BASE, CONFIGS, TORCH_DEVICE, build_pair, jax_gradients,
+                                  to_numpy, to_torch)
 from torch_reference import Transformer as TorchTransformer
 from torch_reference import decoding as torch_decoding
 from torch_reference import training as torch_training

@@ -14,72 +14,28 @@ import math
 import pickle
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from flax import nnx
 
 import torch_reference
 from jax_transformer import port
 from jax_transformer.commands import port as port_command
 from transformer_core.marian_tokenizer import MarianTokenizer
-from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
+from parity_tests.helpers import (MARIAN_EOS, MARIAN_PAD, TORCH_DEVICE, fast_tier, load_ours,
+                                  make_marian, marian_config, our_logits, perturb_,
+                                  source_batch, target_batch, to_numpy, to_torch)
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
-from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.positions import sinusoidal_positions
 
 transformers = pytest.importorskip("transformers")
 
-PAD, EOS = 99, 0  # Marian: pad (= decoder start) is the last id, eos is 0
+PAD, EOS = MARIAN_PAD, MARIAN_EOS
 
 
 # ------------------------------------------------------------------ helpers
-
-def perturb_(model: nn.Module, scale: float = 0.1, seed: int = 0) -> None:
-    """Random values everywhere (HF inits biases to 0, LayerNorm to 1, final_logits_bias
-    to 0), so a wrongly mapped bias, norm or bias buffer cannot go unnoticed."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-            if "pos" in name or not t.is_floating_point():  # sinusoid tables stay exact
-                continue
-            t.add_(scale * torch.randn(t.shape, generator=g, dtype=t.dtype))
-
-
-def source_batch(vocab: int, pad: int, eos: int, seed: int = 0):
-    """(2, 8) source ids: row 1 is right-padded; no special ids inside the text."""
-    rng = np.random.default_rng(seed)
-    src = rng.integers(1, vocab - 2, size=(2, 8))
-    src[src == pad] = 5
-    src[src == eos] = 6
-    src[0, -1] = eos
-    src[1, 5], src[1, 6:] = eos, pad
-    return src
-
-
-def target_batch(vocab: int, bos: int, seed: int = 1):
-    tgt = np.random.default_rng(seed).integers(1, vocab - 2, size=(2, 6))
-    tgt[:, 0] = bos
-    return tgt
-
-
-def load_ours(directory, dtype: str):
-    flax_model = nnx.view(FlaxTransformer.from_pretrained(directory, param_dtype=jnp.dtype(dtype)),
-                          deterministic=True)
-    torch_model = torch_reference.Transformer.from_pretrained(
-        directory, dtype=getattr(torch, dtype), device=TORCH_DEVICE).eval()
-    return flax_model, torch_model
-
-
-def our_logits(flax_model, torch_model, src, tgt):
-    flax_out = np.asarray(flax_model(jnp.asarray(src, jnp.int32), jnp.asarray(tgt, jnp.int32)))
-    with torch.no_grad():
-        torch_out = to_numpy(torch_model(to_torch(src), to_torch(tgt)))
-    return flax_out, torch_out
-
 
 def greedy(logits_fn, src, bos: int, pad: int, width: int = 6):
     """Full-recompute greedy decoding. The prefix sits in a fixed-width buffer
@@ -110,31 +66,6 @@ def assert_matches(source_fn, directory, src, tgt, bos, pad, dtype, tol, check_g
 
 
 # ------------------------------------------------------------------ Hugging Face Marian
-
-def marian_config(**overrides):
-    values = dict(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
-                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                  decoder_ffn_dim=64, activation_function="swish", scale_embedding=True,
-                  max_position_embeddings=64, pad_token_id=PAD, decoder_start_token_id=PAD,
-                  eos_token_id=EOS, forced_eos_token_id=EOS, dropout=0.1)
-    values.update(overrides)
-    return transformers.MarianConfig(**values)
-
-
-def make_marian(tmp_path, weights="safetensors", **overrides):
-    torch.manual_seed(0)
-    model = transformers.MarianMTModel(marian_config(**overrides)).eval()
-    model.config._attn_implementation = "eager"
-    perturb_(model)
-    src_dir = tmp_path / "marian"
-    if weights == "safetensors":
-        model.save_pretrained(src_dir)
-    else:  # an old-style pytorch_model.bin: every key, tied copies and positions included
-        src_dir.mkdir()
-        model.config.to_json_file(src_dir / "config.json")
-        torch.save(model.state_dict(), src_dir / "pytorch_model.bin")
-    return model.to(TORCH_DEVICE), src_dir
-
 
 def marian_logits_fn(model):
     def logits(src, tgt):

@@ -27,18 +27,16 @@ from jax_transformer import port
 from jax_transformer.commands import parity as parity_command
 from jax_transformer.commands import port as port_command
 from transformer_core import positions
-from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
-from parity_tests.test_port import load_ours, our_logits, perturb_
+from parity_tests.helpers import (FAIRSEQ_EOS, FAIRSEQ_PAD, convert_fairseq, fairseq_batch,
+                                  fairseq_config, fast_tier, load_ours, make_fairseq, our_logits,
+                                  to_numpy, to_torch)
 from torch_reference import decoding as torch_decoding
 from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 
 transformers = pytest.importorskip("transformers")
 
-PAD, EOS = 1, 2  # fairseq's dictionary: <s> 0, <pad> 1, </s> 2; decoding starts with eos
-SIZES = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-             max_position_embeddings=64, dropout=0.1)
+PAD, EOS = FAIRSEQ_PAD, FAIRSEQ_EOS
 FAMILIES = {
     "fsmt": dict(source="hf-fsmt", vocab=(100, 110), variants={
         "wmt19-like": dict(),  # separate vocabularies, untied projection, relu, scaled
@@ -48,48 +46,6 @@ FAMILIES = {
         "m2m100-like": dict(),  # shared and tied, relu, scaled
         "untied-silu": dict(tie_word_embeddings=False, activation_function="swish")}),
 }
-
-
-def hf_config(family: str, **overrides):
-    if family == "fsmt":
-        values = dict(langs=["en", "de"], src_vocab_size=100, tgt_vocab_size=110,
-                      tie_word_embeddings=False, **SIZES)
-        return transformers.FSMTConfig(**{**values, **overrides})
-    values = dict(vocab_size=100, encoder_layerdrop=0.0, decoder_layerdrop=0.0,
-                  attention_dropout=0.1, **SIZES)
-    return transformers.M2M100Config(**{**values, **overrides})
-
-
-def make_model(tmp_path, family: str, **overrides):
-    """A random-weight transformers model, saved; returns it and its directory."""
-    torch.manual_seed(0)
-    cls = (transformers.FSMTForConditionalGeneration if family == "fsmt"
-           else transformers.M2M100ForConditionalGeneration)
-    model = cls(hf_config(family, **overrides)).eval()
-    model.config._attn_implementation = "eager"
-    perturb_(model)  # every parameter but the sinusoid tables
-    src_dir = tmp_path / family
-    model.save_pretrained(src_dir)
-    return model.to(TORCH_DEVICE), src_dir
-
-
-def convert(family: str, src_dir, out_dir) -> TransformerConfig:
-    assert port_command.main(["--from", FAMILIES[family]["source"], str(src_dir), str(out_dir)]) == 0
-    return TransformerConfig.from_json(out_dir / "config.json")
-
-
-def batch(src_vocab: int, tgt_vocab: int, seed: int = 0):
-    """Right-padded (3, 9) sources (a language-code-like first token, eos last) and
-    (3, 7) teacher-forced targets starting with eos, right-padded too."""
-    rng = np.random.default_rng(seed)
-    src = rng.integers(3, src_vocab, size=(3, 9))
-    src[:, 0] = src_vocab - 1  # M2M100 puts the source language code first; a token here
-    for row, length in enumerate((9, 6, 3)):
-        src[row, length - 1], src[row, length:] = EOS, PAD
-    tgt = rng.integers(3, tgt_vocab, size=(3, 7))
-    tgt[:, 0] = EOS
-    tgt[1, 5:], tgt[2, 2:] = PAD, PAD
-    return src, tgt
 
 
 def hf_logits_fn(model, family: str):
@@ -134,7 +90,7 @@ def hf_greedy(model, src, max_len: int) -> tuple[np.ndarray, np.ndarray]:
 
 def assert_logits_match(model, family, out_dir, dtype: str, tol: float):
     config = TransformerConfig.from_json(out_dir / "config.json")
-    src, tgt = batch(config.src_vocab_size, config.tgt_vocab_size)
+    src, tgt = fairseq_batch(config.src_vocab_size, config.tgt_vocab_size)
     expected = hf_logits_fn(model, family)(src, tgt)
     flax_model, torch_model = load_ours(out_dir, dtype)
     real = tgt != PAD  # (B, T): compare real target positions only (see the module doc)
@@ -152,8 +108,8 @@ CASES = [f"{family}/{variant}" for family, spec in FAMILIES.items() for variant 
 @pytest.mark.parametrize("case", fast_tier(CASES, fast={"fsmt/wmt19-like", "m2m100/m2m100-like"}))
 def test_float32_logits_and_greedy(tmp_path, case):
     family, variant = case.split("/")
-    model, src_dir = make_model(tmp_path, family, **FAMILIES[family]["variants"][variant])
-    config = convert(family, src_dir, tmp_path / "ours")
+    model, src_dir = make_fairseq(tmp_path, family, **FAMILIES[family]["variants"][variant])
+    config = convert_fairseq(family, src_dir, tmp_path / "ours")
     flax_model, torch_model, src = assert_logits_match(model, family, tmp_path / "ours",
                                                        "float32", 1e-4)
     want, want_scores = hf_greedy(model, src, max_len=10)
@@ -184,8 +140,8 @@ def test_float64_logits(tmp_path, monkeypatch, family):
     # RuntimeError in transformers 5.23): build it in the mask's own dtype.
     monkeypatch.setattr(transformers.models.fsmt.modeling_fsmt, "fill_with_neg_inf",
                         lambda t: t.fill_(torch.finfo(t.dtype).min))
-    model, src_dir = make_model(tmp_path, family)
-    convert(family, src_dir, tmp_path / "ours")
+    model, src_dir = make_fairseq(tmp_path, family)
+    convert_fairseq(family, src_dir, tmp_path / "ours")
     model = model.double()
     exact_tables_(model, family)
     with jax.enable_x64(True):
@@ -195,8 +151,8 @@ def test_float64_logits(tmp_path, monkeypatch, family):
 @pytest.mark.slow  # 16 s; the fast tier's m2m100_like model parity covers the same ground
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_parity_report_passes_on_converted_model(tmp_path, family, capsys):
-    _, src_dir = make_model(tmp_path, family)
-    convert(family, src_dir, tmp_path / "ours")
+    _, src_dir = make_fairseq(tmp_path, family)
+    convert_fairseq(family, src_dir, tmp_path / "ours")
     assert parity_command.main([str(tmp_path / "ours")]) == 0
     out = capsys.readouterr().out
     assert "float32: PASS" in out and "float64: PASS" in out
@@ -204,7 +160,7 @@ def test_parity_report_passes_on_converted_model(tmp_path, family, capsys):
 
 def test_stored_position_table_is_checked(tmp_path, capsys):
     """FSMT stores its sinusoid tables; a table that is not fairseq's is refused."""
-    _, src_dir = make_model(tmp_path, "fsmt")
+    _, src_dir = make_fairseq(tmp_path, "fsmt")
     weights = src_dir / "model.safetensors"
     tensors = safetensors.numpy.load_file(weights)
     key = "model.encoder.embed_positions.weight"
@@ -230,7 +186,7 @@ def test_stored_position_table_is_checked(tmp_path, capsys):
 def test_unsupported_config_is_an_error(tmp_path, capsys, family, change, message):
     src_dir = tmp_path / "src"
     src_dir.mkdir()
-    (src_dir / "config.json").write_text(json.dumps({**hf_config(family).to_dict(), **change}))
+    (src_dir / "config.json").write_text(json.dumps({**fairseq_config(family).to_dict(), **change}))
     source = FAMILIES[family]["source"]
     assert port_command.main(["--from", source, str(src_dir), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -247,11 +203,11 @@ def test_sizes_a_config_leaves_out_are_transformers_defaults(family):
     sizes = ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
              "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
              "max_position_embeddings")
-    written = {k: v for k, v in hf_config(family).to_dict().items() if k not in sizes}
-    defaults = type(hf_config(family))(**written)
+    written = {k: v for k, v in fairseq_config(family).to_dict().items() if k not in sizes}
+    defaults = type(fairseq_config(family))(**written)
     written |= {"encoder_ffn_dim": defaults.encoder_ffn_dim,  # the encoder's given, at
                 "encoder_attention_heads": defaults.encoder_attention_heads}  # their default
-    theirs = type(hf_config(family))(**written)  # what transformers builds from that file
+    theirs = type(fairseq_config(family))(**written)  # what transformers builds from that file
     ours = port.m2m100_config(written) if family == "m2m100" else port.fsmt_config(written)
     assert (ours.d_model, ours.num_encoder_layers, ours.num_decoder_layers, ours.num_heads,
             ours.d_ff, ours.max_len) == (
@@ -262,7 +218,7 @@ def test_sizes_a_config_leaves_out_are_transformers_defaults(family):
 def test_untied_lm_head_under_tied_config_is_an_error(tmp_path):
     """transformers 5 leaves a stored lm_head that differs from `shared` untied: a
     tied config would then describe another model."""
-    model, src_dir = make_model(tmp_path, "m2m100")
+    model, src_dir = make_fairseq(tmp_path, "m2m100")
     state = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
     state["lm_head.weight"] = state["lm_head.weight"] + 1.0
     src_dir = tmp_path / "bin"

@@ -23,8 +23,7 @@ import torch_reference.model
 from jax_transformer import model as flax_model_module
 from jax_transformer import port
 from jax_transformer.commands import port as port_command
-from parity_tests.helpers import TORCH_DEVICE, fast_tier, to_numpy, to_torch
-from parity_tests.test_port import perturb_
+from parity_tests.helpers import TORCH_DEVICE, fast_tier, perturb_, to_numpy, to_torch
 from transformer_core.config import TransformerConfig
 from transformer_core.positions import sinusoidal_positions
 

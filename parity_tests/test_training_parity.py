@@ -5,19 +5,15 @@ lines of text (the batches `train.py --task lm` trains on)."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
-from transformer_core import checkpoint_dir
 from jax_transformer.data.packing import PackedBatches
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
-from jax_transformer.scanned import per_layer_state
 from parity_tests.helpers import (CONFIGS, SCANNING, SINGLE_STACK_CONFIGS, build_pair,
-                                  fast_tier, precision, to_numpy, to_torch)
+                                  fast_tier, jax_gradients, precision, to_numpy, to_torch)
 from torch_reference import training as torch_training
 
 TRAINING_CONFIGS = ["post_ln", "pre_ln_final_norm", "untied_bias", "silu_half_split", "unshared",
@@ -65,25 +61,6 @@ def text_batch(config, seed: int, lines: int, row_length: int):
 
 def torch_batch(batch):
     return {k: to_torch(v, torch.long) for k, v in batch.items()}
-
-
-def jax_gradients(flax_model, batch, smoothing):
-    """d(mean loss)/d(param) for every parameter, torch-named and torch-laid-out."""
-    inputs = jax_training.model_inputs({k: jnp.asarray(v) for k, v in batch.items()},
-                                       flax_model.config.architecture)
-
-    def loss(model):
-        logits = model(**inputs)
-        loss_sum, tokens = jax_training.label_smoothed_cross_entropy(
-            logits, jnp.asarray(batch["tgt_out"]), model.config.pad_id, smoothing)
-        return loss_sum / tokens
-    grads = nnx.grad(loss)(flax_model)
-    out = {}
-    for path, g in nnx.to_flat_state(per_layer_state(grads)):
-        key, transpose = checkpoint_dir.flax_path_to_torch_key(path)
-        g = np.asarray(g.get_value())
-        out[key] = g.T if transpose else g
-    return out
 
 
 @pytest.mark.parametrize("dtype", fast_tier(["float64", "float32"], fast={"float64"}))

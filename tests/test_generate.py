@@ -2,48 +2,13 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 import torch_reference
 from jax_transformer import TransformerConfig
 from jax_transformer.commands import generate
-from transformer_core.tokenizer import Tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the cat dog sat on mat a house small big red blue green runs jumps over under "
-         "quick brown fox lazy river tree bird sings morning evening").split()
-PROMPTS = ["the quick brown fox", "a", "", "the bird sings over the river"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A random decoder-only model (output bias: varied tokens) and its tokenizer."""
-    rng = np.random.RandomState(0)
-    corpus = [" ".join(rng.choice(WORDS, size=rng.randint(3, 10))) for _ in range(300)]
-    tokenizer = Tokenizer.train(corpus, tmp_path_factory.mktemp("spm") / "spm.model",
-                                vocab_size=60)
-    config = TransformerConfig(architecture="decoder_only", src_vocab_size=tokenizer.vocab_size,
-                               tgt_vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
-                               d_ff=32, num_decoder_layers=2, max_len=32, tie_output=False,
-                               output_bias=True)
-    torch.manual_seed(0)
-    model = torch_reference.DecoderOnlyTransformer(config)
-    with torch.no_grad():
-        model.output_projection.weight.mul_(8)
-        model.output_projection.bias[config.eos_id] = -3.0  # long continuations
-    directory = tmp_path_factory.mktemp("lm")
-    model.save_pretrained(directory, tokenizer=tokenizer.path)
-    return directory
-
-
-def run_main(args, capsys):
-    code = generate.main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return code, captured.out.splitlines(), captured.err
+from tests.helpers import REPO, run_generate
 
 
 def test_errors_are_clear(checkpoint, tmp_path, capsys):
@@ -61,7 +26,7 @@ def test_errors_are_clear(checkpoint, tmp_path, capsys):
             (["--top-k", "-2"], "top_k must be an integer >= 0"),
             (["--max-new-tokens", "40"], "exceed the model's max_len 32")):
         args = ["--checkpoint", checkpoint, *args] if args[0] != "--checkpoint" else args
-        code, out, err = run_main([*args, "--prompt", "a", "--framework", "torch"], capsys)
+        code, out, err = run_generate([*args, "--prompt", "a", "--framework", "torch"], capsys)
         assert (code, out) == (2, []), err
         assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
 
@@ -69,7 +34,7 @@ def test_errors_are_clear(checkpoint, tmp_path, capsys):
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((checkpoint / name).read_bytes())
-    code, _, err = run_main(["--checkpoint", no_tokenizer, "--prompt", "a"], capsys)
+    code, _, err = run_generate(["--checkpoint", no_tokenizer, "--prompt", "a"], capsys)
     assert code == 2 and "has no tokenizer.model" in err
 
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage and exit code 2
@@ -101,8 +66,8 @@ def test_command_line_torch_needs_no_jax(checkpoint):
 @pytest.mark.parametrize("alpha", ["nan", "inf", "-1"])
 def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
         checkpoint, capsys, alpha):
-    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--beam-size", "2",
-                               "--alpha", alpha, "--framework", "torch"], capsys)
+    code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt", "a", "--beam-size", "2",
+                                   "--alpha", alpha, "--framework", "torch"], capsys)
     assert (code, out) == (2, [])
     assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
                                 f"penalty), got {float(alpha)}"]
@@ -113,8 +78,8 @@ def test_a_prompt_longer_than_the_model_names_no_flag_the_user_did_not_give(chec
     """The default --max-new-tokens is what fits after the prompt: a prompt that fills the
     model's 32 positions used to be reported as `--max-new-tokens -N`."""
     prompt = " ".join(["the quick brown fox"] * 12)
-    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt", "a", "--prompt", prompt,
-                               "--framework", "torch"], capsys)
+    code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt", "a", "--prompt", prompt,
+                                   "--framework", "torch"], capsys)
     assert (code, out) == (2, [])
     assert len(err.splitlines()) == 1 and "--max-new-tokens" not in err
     assert err.startswith("error: the longest prompt (") and "tokens with bos) leaves no room " \
@@ -124,8 +89,8 @@ def test_a_prompt_longer_than_the_model_names_no_flag_the_user_did_not_give(chec
 def test_a_prompt_file_in_utf16_is_refused(checkpoint, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes("the cat\na dog\n".encode("utf-16-le"))
-    code, out, err = run_main(["--checkpoint", checkpoint, "--prompt-file", prompts,
-                               "--framework", "torch"], capsys)
+    code, out, err = run_generate(["--checkpoint", checkpoint, "--prompt-file", prompts,
+                                   "--framework", "torch"], capsys)
     assert (code, out) == (2, [])
     assert err.splitlines()[0].startswith(f"error: --prompt-file {prompts} looks like UTF-16 "
                                           "LE text")
@@ -141,8 +106,8 @@ def test_a_train_workdir_is_named_with_its_export(checkpoint, tmp_path, capsys):
     for name in ("config.json", "tokenizer.model"):
         (workdir / name).write_bytes((checkpoint / name).read_bytes())
     for framework in ("jax", "torch"):
-        code, out, err = run_main(["--checkpoint", workdir, "--prompt", "a", "--framework",
-                                   framework], capsys)
+        code, out, err = run_generate(["--checkpoint", workdir, "--prompt", "a", "--framework",
+                                       framework], capsys)
         assert (code, out) == (2, [])
         assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
                                     f"work directory? its model is in {workdir / 'export'})"]

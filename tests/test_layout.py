@@ -1,6 +1,7 @@
 """The layout's promises: a neutral core, commands on top of libraries, no import cycles
-(between modules or folders, lazy imports included), functions that fit a screen, and
-modules short enough to read (a warning, not a reason to split a concept)."""
+(between modules or folders, lazy imports included), no test module imported by another
+module, functions that fit a screen, and modules short enough to read (a warning, not a
+reason to split a concept)."""
 
 import ast
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transformer_core", "jax_transformer", "torch_reference")
+TEST_FOLDERS = ("tests", "parity_tests")
 COMMANDS = "jax_transformer.commands"
 MAX_LINES = 400  # a module's; over it, a warning
 MAX_FUNCTION_LINES = 60  # a function's or method's, its docstring not counted
@@ -118,6 +120,36 @@ def test_the_core_imports_neither_framework_and_torch_reference_no_jax_transform
               "import transformer_core, transformer_core.checkpoint_dir, "
               "transformer_core.positions, transformer_core.tokenizer\n")
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True)
+
+
+def imported_test_modules(known: dict[str, Path]) -> dict[str, list[str]]:
+    """Each module of `known` that imports test modules (test_*.py), at any depth of its
+    code -> those it imports."""
+    tests = {name for name, path in known.items() if path.name.startswith("test_")}
+    found = {name: sorted(imports(path, name, known) & tests) for name, path in known.items()}
+    return {name: targets for name, targets in found.items() if targets}
+
+
+def test_no_module_imports_a_test_module():
+    """Tests and benchmarks share code through conftest.py and the helpers modules, so a
+    test module is imported by none: not by another test, a benchmark or a library."""
+    known = modules(PACKAGES + TEST_FOLDERS + ("benchmarks",))
+    assert "parity_tests.test_port" in known and "benchmarks.bench_init_from" in known
+    found = imported_test_modules(known)
+    assert not found, f"test modules imported (share through conftest.py or helpers): {found}"
+
+
+def test_the_test_module_check_can_fail(tmp_path):
+    sources = {"tests.test_a": "X = 1\n",
+               "tests.test_b": "def f():\n    from tests.test_a import X\n",  # lazily
+               "benchmarks.bench": "from tests import test_a\n",
+               "tests.helpers": "X = 1\n", "tests.test_c": "from tests.helpers import X\n"}
+    known = {name: tmp_path / f"{name.replace('.', '/')}.py" for name in sources}
+    for name, path in known.items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(sources[name])
+    assert imported_test_modules(known) == {"tests.test_b": ["tests.test_a"],
+                                            "benchmarks.bench": ["tests.test_a"]}
 
 
 def function_lengths(source: str, module: str) -> dict[str, int]:

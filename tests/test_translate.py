@@ -8,62 +8,14 @@ import signal
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import torch_reference
-from jax_transformer import TransformerConfig
 from jax_transformer.applications import translator
 from jax_transformer.commands import translate
-from transformer_core.tokenizer import Tokenizer
-
-REPO = Path(__file__).resolve().parents[1]
-WORDS = ("the cat dog sat on mat a house small big red blue green runs jumps over under "
-         "quick brown fox lazy river tree bird sings morning evening").split()
-LINES = ["the quick brown fox", "a small red house", "the bird sings", "the quick brown fox",
-         "", "green tree over the river"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    rng = np.random.RandomState(0)
-    corpus = [" ".join(rng.choice(WORDS, size=rng.randint(3, 10))) for _ in range(300)]
-    return Tokenizer.train(corpus, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=60)
-
-
-def tiny_config(tokenizer, **changes):
-    return TransformerConfig(src_vocab_size=tokenizer.vocab_size,
-                             tgt_vocab_size=tokenizer.vocab_size, d_model=16, num_heads=2,
-                             d_ff=32, num_encoder_layers=1, num_decoder_layers=1, max_len=32,
-                             **changes)
-
-
-@pytest.fixture(scope="module")
-def jax_checkpoint(tokenizer, tmp_path_factory):
-    from flax import nnx
-    from jax_transformer.model import Transformer
-    directory = tmp_path_factory.mktemp("jax_ckpt")
-    Transformer(tiny_config(tokenizer), rngs=nnx.Rngs(0)).save_pretrained(
-        directory, tokenizer=tokenizer.path)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def torch_checkpoint(tokenizer, tmp_path_factory):
-    torch.manual_seed(0)
-    directory = tmp_path_factory.mktemp("torch_ckpt")
-    torch_reference.Transformer(tiny_config(tokenizer)).save_pretrained(
-        directory, tokenizer=tokenizer.path)
-    return directory
-
-
-def run_main(args, capsys):
-    code = translate.main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return code, captured.out.splitlines(), captured.err
+from tests.helpers import LINES, REPO, run_translate, tiny_config
 
 
 def run_script(args, stdin: bytes, prelude: str = "", cwd=REPO):
@@ -81,9 +33,9 @@ def test_batching_does_not_change_translations(jax_checkpoint, tmp_path, capsys)
     source.write_text("\n".join(LINES) + "\n")
     results = []
     for batch_size in ("1", "4"):
-        code, out, err = run_main(["--checkpoint", jax_checkpoint, "--input", source,
-                                   "--framework", "torch", "--beam", "2", "--max-len", "12",
-                                   "--batch-size", batch_size], capsys)
+        code, out, err = run_translate(["--checkpoint", jax_checkpoint, "--input", source,
+                                        "--framework", "torch", "--beam", "2", "--max-len", "12",
+                                        "--batch-size", batch_size], capsys)
         assert code == 0, err
         results.append(out)
     assert results[0] == results[1]
@@ -130,40 +82,40 @@ def test_a_closed_output_pipe_ends_quietly(torch_checkpoint, tmp_path):
 
 
 def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):
-    code, _, err = run_main(["--checkpoint", tmp_path / "nope"], capsys)
+    code, _, err = run_translate(["--checkpoint", tmp_path / "nope"], capsys)
     assert code == 2 and "does not exist" in err
 
     no_tokenizer = tmp_path / "no_tokenizer"
     no_tokenizer.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tokenizer / name).write_bytes((jax_checkpoint / name).read_bytes())
-    code, _, err = run_main(["--checkpoint", no_tokenizer], capsys)
+    code, _, err = run_translate(["--checkpoint", no_tokenizer], capsys)
     assert code == 2 and "tokenizer.model" in err
 
     no_weights = tmp_path / "no_weights"
     no_weights.mkdir()
     for name in ("config.json", "tokenizer.model"):
         (no_weights / name).write_bytes((jax_checkpoint / name).read_bytes())
-    code, _, err = run_main(["--checkpoint", no_weights, "--framework", "torch"], capsys)
+    code, _, err = run_translate(["--checkpoint", no_weights, "--framework", "torch"], capsys)
     assert code == 2 and "model.safetensors" in err
 
     # a tokenizer with more pieces than the model's vocabulary
     small = tmp_path / "small_vocab"
     torch_reference.Transformer(tiny_config(tokenizer).replace(
         src_vocab_size=20, tgt_vocab_size=20)).save_pretrained(small, tokenizer=tokenizer.path)
-    code, _, err = run_main(["--checkpoint", small, "--framework", "torch"], capsys)
+    code, _, err = run_translate(["--checkpoint", small, "--framework", "torch"], capsys)
     assert code == 2 and f"{tokenizer.vocab_size} pieces" in err
 
-    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
-                             "--max-len", "999", "--input", tmp_path / "missing.txt"], capsys)
+    code, _, err = run_translate(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                                  "--max-len", "999", "--input", tmp_path / "missing.txt"], capsys)
     assert code == 2 and "missing.txt" in err
-    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
-                             "--normalize-punctuation"], capsys)
+    code, _, err = run_translate(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                                  "--normalize-punctuation"], capsys)
     assert code == 2 and "--normalize-punctuation needs a Marian tokenizer" in err
     source = tmp_path / "one.txt"
     source.write_text("a cat\n")
-    code, _, err = run_main(["--checkpoint", jax_checkpoint, "--framework", "torch",
-                             "--max-len", "999", "--input", source], capsys)
+    code, _, err = run_translate(["--checkpoint", jax_checkpoint, "--framework", "torch",
+                                  "--max-len", "999", "--input", source], capsys)
     assert code == 2 and "exceeds the model's max_len" in err
 
 
@@ -179,9 +131,9 @@ def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, endi
                                          max_len=8)
     source, output = tmp_path / "source.txt", tmp_path / "out.txt"
     source.write_bytes((ending.join(ODD_LINES) + last).encode())
-    code, _, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                             "--beam", "1", "--max-len", "8", "--input", source,
-                             "--output", output], capsys)
+    code, _, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                  "--beam", "1", "--max-len", "8", "--input", source,
+                                  "--output", output], capsys)
     assert code == 0, err
     assert "translated 4 sentences" in err
     assert output.read_text(encoding="utf-8").split("\n") == [*expected, ""]
@@ -258,13 +210,13 @@ def test_input_that_is_not_utf8_is_one_clear_error(torch_checkpoint, tmp_path, c
     data = "the cat\n".encode() + b"a \xff\xfe dog\n"
     source = tmp_path / "binary.txt"
     source.write_bytes(data)
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                               "--input", source], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                    "--input", source], capsys)
     assert (code, out) == (2, [])
     assert err.startswith(f"error: --input {source} is not UTF-8 text (line 2")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch"],
-                              capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch"],
+                                   capsys)
     assert (code, out) == (2, [])
     assert err.startswith("error: stdin is not UTF-8 text (line 2")
 
@@ -311,8 +263,8 @@ def test_output_is_checked_before_any_work(torch_checkpoint, tmp_path, capsys, m
                                            output):
     monkeypatch.setattr(translate, "load",
                         lambda *args: pytest.fail("loaded the model before checking --output"))
-    code, _, err = run_main(["--checkpoint", torch_checkpoint, "--output", tmp_path / output],
-                            capsys)
+    code, _, err = run_translate(["--checkpoint", torch_checkpoint, "--output", tmp_path / output],
+                                 capsys)
     assert code == 2
     assert err.startswith(f"error: --output {tmp_path / output}")
 
@@ -409,8 +361,8 @@ def test_output_naming_the_input_file_is_refused(torch_checkpoint, tmp_path, cap
     source = tmp_path / "source.txt"
     source.write_bytes(SOURCE)
     (tmp_path / "link.txt").symlink_to(source)
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, *FAST, "--input", "source.txt",
-                               "--output", same], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, *FAST, "--input",
+                                    "source.txt", "--output", same], capsys)
     assert (code, out) == (2, [])
     assert err.splitlines() == [f"error: --output {same} is the --input file source.txt: its "
                                 "sentences would be replaced by their translations; write "
@@ -441,8 +393,8 @@ def test_a_length_penalty_that_is_not_a_finite_number_of_at_least_0_is_refused(
     """--alpha nan used to search with NaN scores and print garbage, with exit code 0."""
     source = tmp_path / "source.txt"
     source.write_text("the quick brown fox\na small red house\n")
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                               "--beam", "3", "--alpha", alpha, "--input", source], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                    "--beam", "3", "--alpha", alpha, "--input", source], capsys)
     assert (code, out) == (2, [])
     assert err.splitlines() == [f"error: --alpha must be a number >= 0 (0: no length "
                                 f"penalty), got {float(alpha)}"]
@@ -470,22 +422,22 @@ def test_utf16_and_utf32_input_is_refused_naming_the_encoding(torch_checkpoint, 
     data = text.encode(encoding)
     source = tmp_path / "source.txt"
     source.write_bytes(data)
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                               "--beam", "1", "--max-len", "8", "--input", source], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                    "--beam", "1", "--max-len", "8", "--input", source], capsys)
     assert (code, out) == (2, [])
     assert len(err.splitlines()) == 1 and err.startswith(f"error: --input {source} {says}")
     assert "not UTF-8" in err and "iconv -f UTF-" in err
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                               "--beam", "1", "--max-len", "8"], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                    "--beam", "1", "--max-len", "8"], capsys)
     assert (code, out) == (2, []) and err.startswith(f"error: stdin {says}")
 
 
 def test_a_nul_byte_in_utf8_text_is_refused(torch_checkpoint, tmp_path, capsys):
     source = tmp_path / "source.txt"
     source.write_bytes(b"the cat\na \x00dog\n")
-    code, out, err = run_main(["--checkpoint", torch_checkpoint, "--framework", "torch",
-                               "--input", source], capsys)
+    code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--framework", "torch",
+                                    "--input", source], capsys)
     assert (code, out) == (2, [])
     assert err.splitlines() == [f"error: --input {source} is not UTF-8 text: line 2 holds a "
                                 "NUL byte (byte 3), which text never does (UTF-16? UTF-32? "
@@ -505,8 +457,8 @@ def test_a_train_workdir_is_named_with_its_export(jax_checkpoint, tmp_path, caps
     source = tmp_path / "source.txt"
     source.write_text("the cat\n")
     for framework in ("jax", "torch"):
-        code, out, err = run_main(["--checkpoint", workdir, "--framework", framework,
-                                   "--input", source], capsys)
+        code, out, err = run_translate(["--checkpoint", workdir, "--framework", framework,
+                                        "--input", source], capsys)
         assert (code, out) == (2, [])
         assert err.splitlines() == [f"error: {workdir} has no model.safetensors (a train.py "
                                     f"work directory? its model is in {workdir / 'export'})"]

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from jax_transformer.applications import translator
-from tests.test_translate import (REPO, jax_checkpoint, tokenizer,  # noqa: F401 (fixtures)
-                                  torch_checkpoint)
+from tests.helpers import REPO
 
 SOURCES = ["the quick brown fox", "", "a small red house", "the bird sings"]
 COMMAND = [sys.executable, "-m", "jax_transformer.commands.translate"]
@@ -36,7 +35,7 @@ def translate(*args, stdin: str = "\n".join(SOURCES) + "\n") -> subprocess.Compl
                           env={**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": IEEE_FLOAT32})
 
 
-def forced_log_prob(model, framework: str, source: str, ids, tokenizer) -> float:  # noqa: F811
+def forced_log_prob(model, framework: str, source: str, ids, tokenizer) -> float:
     """The log-probability `model` gives the generated `ids` after `source`, decoding
     them all at once (no cache, no search)."""
     src = np.array([tokenizer.encode_source(source)])
@@ -56,7 +55,7 @@ def forced_log_prob(model, framework: str, source: str, ids, tokenizer) -> float
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 def test_nbest_writes_the_beams_best_first_with_their_forced_decoding_scores(
-        framework, jax_checkpoint, torch_checkpoint, tokenizer):  # noqa: F811
+        framework, jax_checkpoint, torch_checkpoint, tokenizer):
     """Before: only the best translation, without a score."""
     checkpoint = jax_checkpoint if framework == "jax" else torch_checkpoint
     result = translate("--checkpoint", checkpoint, "--framework", framework, "--beam", "3",
@@ -79,7 +78,7 @@ def test_nbest_writes_the_beams_best_first_with_their_forced_decoding_scores(
 
 
 @pytest.mark.slow
-def test_print_scores_and_sampling(torch_checkpoint):  # noqa: F811
+def test_print_scores_and_sampling(torch_checkpoint):
     """Before: neither --print-scores nor sampling existed for translation."""
     base = ["--checkpoint", torch_checkpoint, "--framework", "torch", "--max-len", "8"]
     greedy = translate(*base, "--beam", "1")
@@ -96,7 +95,7 @@ def test_print_scores_and_sampling(torch_checkpoint):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_a_line_is_answered_before_the_next_is_written(torch_checkpoint):  # noqa: F811
+def test_a_line_is_answered_before_the_next_is_written(torch_checkpoint):
     """Before: translate read all of stdin before it wrote a line."""
     process = subprocess.Popen([*COMMAND, "--checkpoint", torch_checkpoint, "--framework",
                                 "torch", "--beam", "1", "--max-len", "8"],
@@ -115,7 +114,7 @@ def test_a_line_is_answered_before_the_next_is_written(torch_checkpoint):  # noq
     finally:
         timer.cancel()
         process.kill()
-    model, tokenizer = translator.load(torch_checkpoint, "torch")  # noqa: F811
+    model, tokenizer = translator.load(torch_checkpoint, "torch")
     assert [a[:-1] for a in answers] == translator.translate_lines(
         ["the cat", "a dog sat"], model, tokenizer, framework="torch", beam=1, max_len=8)
 
@@ -129,7 +128,7 @@ def test_a_line_is_answered_before_the_next_is_written(torch_checkpoint):  # noq
     (["--nbest", "2", "--print-scores"], "--nbest writes every translation with its score"),
     (["--sample", "--top-p", "0"], "top_p must be in (0, 1]"),
 ])
-def test_bad_search_flags_are_one_line(torch_checkpoint, flags, message):  # noqa: F811
+def test_bad_search_flags_are_one_line(torch_checkpoint, flags, message):
     result = translate("--checkpoint", torch_checkpoint, "--framework", "torch", *flags)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]

@@ -1,7 +1,6 @@
 """A corpus prepared once (data/prepare.py, data/store.py): the same examples, tokenizer,
 fingerprints and batches as the in-memory path, in bounded memory; whole or absent."""
 
-import hashlib
 import json
 import os
 import re
@@ -23,22 +22,8 @@ from jax_transformer.data.prepare import Encoding, NoneFits, key, prepare
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.data.raw import Corpus, Source, given
 from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint
+from tests.helpers import CORPUS_WORDS, tree_hashes, write_parallel
 from transformer_core.tokenizer import Tokenizer
-
-WORDS = "the a cat dog sat ran on under mat log big small red old new one two".split()
-
-
-def write_parallel(tmp_path, count: int, seed: int = 0, long_every: int = 0):
-    """Two aligned files of `count` random sentences (every `long_every`-th one long)."""
-    rng = np.random.default_rng(seed)
-    lines = []
-    for i in range(count):
-        n = 60 if long_every and i % long_every == 0 else int(rng.integers(2, 12))
-        lines.append(" ".join(rng.choice(WORDS, n)))
-    src, tgt = tmp_path / "train.src", tmp_path / "train.tgt"
-    src.write_text("".join(line + "\n" for line in lines))
-    tgt.write_text("".join(line.upper() + " ." + "\n" for line in lines))
-    return src, tgt
 
 
 def parallel_corpus(src, tgt, num_dev=30, num_test=40, **given_splits):
@@ -173,7 +158,7 @@ def test_given_dev_and_test_files_and_a_language_models_lines(tmp_path):
     assert prepared.manifest["splits"]["test"]["examples"] == 40
     assert prepared.manifest["splits"]["train"]["examples"] == 260
 
-    lines = [" ".join(np.random.default_rng(i).choice(WORDS, 5)) for i in range(200)]
+    lines = [" ".join(np.random.default_rng(i).choice(CORPUS_WORDS, 5)) for i in range(200)]
     text = Corpus("lines", settings={}, **{
         split: Source(lambda r, part=part: given(part, r), CorpusReport("counting", unit="lines"))
         for split, part in (("train", lines[:150]), ("dev", lines[150:170]),
@@ -207,7 +192,7 @@ def test_mostly_unknown_and_too_long_splits_are_refused(tmp_path):
 
 def test_a_few_mostly_unknown_examples_are_counted_and_reported(tmp_path):
     """A side with 25% or more <unk> pieces flags its pair, whichever side it is."""
-    english = [" ".join(np.random.default_rng(i).choice(WORDS, 4)) for i in range(40)]
+    english = [" ".join(np.random.default_rng(i).choice(CORPUS_WORDS, 4)) for i in range(40)]
     tokenizer = Tokenizer.train(english, tmp_path / "en.model", vocab_size=40)
     greek = "αβγ δεζ ηθι"
     pairs = [(greek if i < 3 else e, greek if 3 <= i < 5 else e) for i, e in enumerate(english)]
@@ -327,18 +312,6 @@ def run_prepare(output, src, tgt, *flags) -> int:
                                  "--tgt-path", str(tgt), "--num-dev", "10", "--num-test", "10",
                                  "--vocab-size", "60", "--max-len", "64", "--workers", "1",
                                  "--quiet", *flags])
-
-
-def tree_hashes(root) -> dict:
-    """Every file and link under `root` (not followed): its contents' or target's digest."""
-    hashes = {}
-    for directory, dirs, files in os.walk(root):
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(directory, d))]:
-            path = os.path.join(directory, name)
-            data = (os.readlink(path).encode() if os.path.islink(path)
-                    else open(path, "rb").read())
-            hashes[os.path.relpath(path, root)] = hashlib.sha256(data).hexdigest()
-    return hashes
 
 
 def user_directory(path, files=("notes.txt", "sub/deep.txt")):

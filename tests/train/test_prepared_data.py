@@ -17,7 +17,7 @@ from jax_transformer.commands import train as train_command
 from jax_transformer.data.corpora import CorpusError
 from jax_transformer.data.prepared import Prepared
 from jax_transformer.train import inputs
-from tests.data.test_prepare import tree_hashes, write_parallel
+from tests.helpers import tree_hashes, write_parallel
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_run, tiny_settings
 from transformer_core.errors import TrainError
 from transformer_core.tokenizer import Tokenizer
