@@ -221,6 +221,15 @@ def train(argv=None) -> int:
     jax_variables.import_jax()
     from jax_transformer.train.run import TrainingRun
     summary = TrainingRun(settings, init).run()
+    print(json.dumps(final_results(settings, summary), indent=2), file=sys.stdout)
+    return 0
+
+
+def final_results(settings: RunSettings, summary: dict) -> dict:
+    """What train.py prints at the end, from the run's summary: the losses and test
+    scores, the search that translated the test set ("test_decoding": jaxformer-translate
+    searches with beam 4 unless told, where the tiny preset's run is greedy), where a
+    fine-tuning run started, and the work directory."""
     test = summary["test"]
     results = {"step": summary["step"], "train_seconds": summary["train_seconds"],
                "dev_loss": round(summary["dev"]["loss"], 4), "test_loss": round(test["loss"], 4),
@@ -230,7 +239,8 @@ def train(argv=None) -> int:
                        test_unigram_entropy=round(test["unigram_entropy"], 4),
                        test_second_half_match=test["second_half_match"])
     else:
-        results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
+        results.update(test_decoding=summary["decoding"], test_exact_match=test["exact_match"],
+                       test_bleu=round(test["bleu"], 2),
                        test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2),
                        test_bleu_signature=test["bleu_signature"])
         if "bleu_note" in test:  # BLEU-4 means nothing on this test set: say why not
@@ -240,8 +250,7 @@ def train(argv=None) -> int:
         results["start_dev_loss"] = round(start["dev"]["loss"], 4)
         if "bleu" in start["test"]:
             results["start_test_bleu"] = round(start["test"]["bleu"], 2)
-    print(json.dumps({**results, "workdir": settings.train.workdir}, indent=2), file=sys.stdout)
-    return 0
+    return {**results, "workdir": settings.train.workdir}
 
 
 if __name__ == "__main__":

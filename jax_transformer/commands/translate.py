@@ -87,7 +87,8 @@ def parse_args(argv=None):
                    help="jax: our Flax model; torch: torch_reference, on CUDA when torch sees "
                         "a GPU, without importing JAX (default: jax)")
     p.add_argument("--beam", type=int, default=None,
-                   help="beam size; 1 = greedy search (default 4)")
+                   help="beam size; 1 = greedy search, the test translation of train.py's "
+                        "default run (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
     p.add_argument("--length-penalty-style", choices=("gnmt", "hf"), default="gnmt",
                    help="gnmt: ((5 + len) / 6) ** alpha (default); hf: transformers' "
