@@ -10,12 +10,15 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 # [text](target) or [text](target#anchor); the target without the anchor
 LINK = re.compile(r"\]\(([^)\s#]*)(#[^)\s]*)?\)")
+# a row of docs/index.md's command table: | `jaxformer-NAME` ... | what | page |
+COMMAND_ROW = re.compile(r"^\| `(jaxformer-[\w-]+)`", re.MULTILINE)
 
 
 def build(config: Path, site: Path) -> subprocess.CompletedProcess:
@@ -103,3 +106,13 @@ def test_the_readme_anchors_exist():
             if anchor[1:] not in github_anchors(text):
                 broken.append(target + anchor)
     assert not broken, f"README.md links headings that do not exist: {broken}"
+
+
+def test_the_manual_s_command_table_lists_every_console_script():
+    """docs/index.md's table of commands holds a row for each console script
+    pyproject.toml installs, and none for a command that is not one."""
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    rows = COMMAND_ROW.findall((ROOT / "docs" / "index.md").read_text())
+    assert len(rows) == len(set(rows)), f"docs/index.md lists a command twice: {rows}"
+    assert set(rows) == scripts, (f"docs/index.md's commands lack {sorted(scripts - set(rows))}"
+                                  f" and list {sorted(set(rows) - scripts)}, not installed")

@@ -44,7 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--beam-size", type=int, default=1,
                    help="> 1: beam search (deterministic; no sampling flags)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
-    p.add_argument("--framework", choices=("jax", "torch"), default="jax")
+    p.add_argument("--framework", choices=("jax", "torch"), default="jax",
+                   help="jax: our Flax model; torch: torch_reference, without importing JAX "
+                        "(default: jax)")
     args = p.parse_args(argv)
     for name in ("max_new_tokens", "beam_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

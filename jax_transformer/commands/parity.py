@@ -37,12 +37,24 @@ def report_command(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"),
                         help="where both frameworks run (default: JAX's default backend, "
                              "torch on CUDA when it sees a GPU)")
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--src-len", type=int, default=9)
-    parser.add_argument("--tgt-len", type=int, default=7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tol32", type=float, default=DEFAULT_TOLERANCE["float32"])
-    parser.add_argument("--tol64", type=float, default=DEFAULT_TOLERANCE["float64"])
+    parser.add_argument("--batch-size", type=int, default=2,
+                        help="without --sentences: rows of the random batch (default: "
+                             "%(default)s)")
+    parser.add_argument("--src-len", type=int, default=9,
+                        help="without --sentences: the random batch's source length in tokens, "
+                             "at most the model's max_len (default: %(default)s)")
+    parser.add_argument("--tgt-len", type=int, default=7,
+                        help="without --sentences: the random batch's target length in tokens, "
+                             "at most the model's max_len (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="without --sentences: seeds the random batch (default: "
+                             "%(default)s)")
+    parser.add_argument("--tol32", type=float, default=DEFAULT_TOLERANCE["float32"],
+                        help="float32: the largest |difference| a tensor may show between the "
+                             "frameworks (default: %(default)g)")
+    parser.add_argument("--tol64", type=float, default=DEFAULT_TOLERANCE["float64"],
+                        help="float64: the largest |difference| a tensor may show (default: "
+                             "%(default)g)")
     args = parser.parse_args(argv)
     config, _ = checkpoint_dir.load_dir(args.checkpoint)
     if args.sentences:

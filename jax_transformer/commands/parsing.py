@@ -55,7 +55,6 @@ def add_field_flag(p, field: dataclasses.Field, annotation: Any, *, help: str | 
     type from `annotation`, None left out: a bool has a --no- form, a list is repeatable,
     a "path" field refuses "" (path); then the field's "custom_args" (choices, metavar)."""
     options = dict(field.metadata.get("custom_args", {}))
-    options.pop("negative_prefix", None)  # simple_parsing's; BooleanOptionalAction's below
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
     if annotation is bool:

@@ -1,4 +1,4 @@
-"""jaxformer-train (= python train.py): train a translator, or with --task lm a
+r"""jaxformer-train (= python train.py): train a translator, or with --task lm a
 decoder-only language model.
 
 With no flags: the built-in corpus (English number words -> German, generated
@@ -9,13 +9,13 @@ With flags: your corpus, the paper's model sizes, GPUs/TPUs, several hosts.
     jaxformer-prepare --output data/wmt --src-path train.en --tgt-path train.de \
         --vocab-size 32000 --tokenizer-type bpe      # once, on every core; then:
     jaxformer-train --workdir runs/wmt --data data/wmt --preset base --max-tokens 25000
-    jaxformer-train --workdir runs/wmt --src-path train.en --tgt-path train.de \\
+    jaxformer-train --workdir runs/wmt --src-path train.en --tgt-path train.de \
         --preset base --max-tokens 25000 --steps 100000 --warmup 4000 --dtype bfloat16
     jaxformer-train --task lm --workdir runs/counting       # built-in text: counting in words
     jaxformer-train --task lm --workdir runs/lm --text-path book.txt   # one example per line
-    jaxformer-train --workdir runs/ft --init-from ckpt/opus-en-de \\
+    jaxformer-train --workdir runs/ft --init-from ckpt/opus-en-de \
         --src-path train.en --tgt-path train.de --lr 3e-5 --steps 2000  # fine-tune a checkpoint
-    jaxformer-train --workdir runs/m2m --init-from ckpt/m2m100 --src-path train.en \\
+    jaxformer-train --workdir runs/m2m --init-from ckpt/m2m100 --src-path train.en \
         --tgt-path train.fr --src-lang-code en --tgt-lang-code fr  # M2M100/NLLB: its codes
 
 Running it again on the same --workdir resumes from the latest checkpoint.
@@ -31,6 +31,8 @@ import os
 import sys
 
 from simple_parsing import ArgumentParser, DashVariant
+from simple_parsing.help_formatter import SimpleHelpFormatter
+from simple_parsing.wrappers import DataclassWrapper, FieldWrapper
 
 from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared import MANIFEST, Prepared
@@ -91,6 +93,49 @@ class SettingsParser(parsing.OneLineErrors, ArgumentParser):
     parsing.OneLineErrors."""
 
 
+class SettingsFlag(FieldWrapper):
+    """simple_parsing's flag of a settings field, in argparse's own forms: a boolean is a
+    switch with a --no- form (`--quiet`, `--no-quiet`), where simple_parsing's takes an
+    optional value (`--quiet [bool]`); a flag whose default is None takes its value, where
+    simple_parsing's takes it optionally (`--init-from` alone meaning no DIR)."""
+
+    def get_arg_options(self) -> dict:
+        options = super().get_arg_options()
+        if self.type is bool:
+            return {"action": argparse.BooleanOptionalAction, "dest": options["dest"],
+                    "default": options["default"], "help": options["help"]}
+        if options.get("nargs") == "?":
+            del options["nargs"]
+        return options
+
+
+# The help's title of each settings group, by its destination.
+GROUP_TITLES = {"data": "data", "model": "model", "train": "training"}
+
+
+class SettingsGroup(DataclassWrapper):
+    """A settings dataclass's flags (SettingsFlag) as a group of the help, under its title
+    in GROUP_TITLES and described by the dataclass's docstring."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, field_wrapper_class=SettingsFlag, **kwargs)
+
+    @property
+    def title(self) -> str:
+        return GROUP_TITLES[self.dest]
+
+
+class HelpFormatter(SimpleHelpFormatter):
+    """simple_parsing's help, which shows each flag's default and keeps the description as
+    written, less the defaults that say nothing: None (the help says what no value
+    means) and a store_true switch's False."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action, argparse._StoreTrueAction):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
     """train.py's command line, generated from the settings dataclasses; the defaults of
     the model flags come from --preset (and --layers), --steps' from --task; with
@@ -113,13 +158,16 @@ def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
     if chosen.layers is not None:
         model_defaults.update(num_encoder_layers=chosen.layers, num_decoder_layers=chosen.layers)
     p = SettingsParser(prog="jaxformer-train", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       formatter_class=HelpFormatter,
                        add_option_string_dash_variants=DashVariant.DASH,
                        add_config_path_arg=False)
     add_default_choosers(p)
-    p.add_arguments(DataSettings, dest="data", default=DataSettings(**data_defaults))
-    p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults))
-    p.add_arguments(TrainSettings, dest="train", default=TrainSettings(**train_defaults))
+    p.add_arguments(DataSettings, dest="data", default=DataSettings(**data_defaults),
+                    dataclass_wrapper_class=SettingsGroup)
+    p.add_arguments(ModelSettings, dest="model", default=ModelSettings(**model_defaults),
+                    dataclass_wrapper_class=SettingsGroup)
+    p.add_arguments(TrainSettings, dest="train", default=TrainSettings(**train_defaults),
+                    dataclass_wrapper_class=SettingsGroup)
     return p
 
 
@@ -184,6 +232,15 @@ def train(argv=None) -> int:
     jax_variables.import_jax()
     from jax_transformer.train.run import TrainingRun
     summary = TrainingRun(settings, init).run()
+    print(json.dumps(final_results(settings, summary), indent=2), file=sys.stdout)
+    return 0
+
+
+def final_results(settings: RunSettings, summary: dict) -> dict:
+    """What train.py prints at the end, from the run's summary: the losses and test
+    scores, the search that translated the test set ("test_decoding": jaxformer-translate
+    searches with beam 4 unless told, where the tiny preset's run is greedy), where a
+    fine-tuning run started, and the work directory."""
     test = summary["test"]
     results = {"step": summary["step"], "train_seconds": summary["train_seconds"],
                "dev_loss": round(summary["dev"]["loss"], 4), "test_loss": round(test["loss"], 4),
@@ -193,7 +250,8 @@ def train(argv=None) -> int:
                        test_unigram_entropy=round(test["unigram_entropy"], 4),
                        test_second_half_match=test["second_half_match"])
     else:
-        results.update(test_exact_match=test["exact_match"], test_bleu=round(test["bleu"], 2),
+        results.update(test_decoding=summary["decoding"], test_exact_match=test["exact_match"],
+                       test_bleu=round(test["bleu"], 2),
                        test_bleu_order=test["bleu_order"], test_chrf=round(test["chrf"], 2),
                        test_bleu_signature=test["bleu_signature"])
         if "bleu_note" in test:  # BLEU-4 means nothing on this test set: say why not
@@ -203,8 +261,7 @@ def train(argv=None) -> int:
         results["start_dev_loss"] = round(start["dev"]["loss"], 4)
         if "bleu" in start["test"]:
             results["start_test_bleu"] = round(start["test"]["bleu"], 2)
-    print(json.dumps({**results, "workdir": settings.train.workdir}, indent=2), file=sys.stdout)
-    return 0
+    return {**results, "workdir": settings.train.workdir}
 
 
 if __name__ == "__main__":

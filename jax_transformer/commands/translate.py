@@ -83,9 +83,12 @@ def parse_args(argv=None):
                    help="where to write translations (default, and -: stdout); a regular file "
                         "is replaced whole once all are written, a FIFO or a device (a pipe, "
                         "/dev/null) written in place")
-    p.add_argument("--framework", choices=("jax", "torch"), default="jax")
+    p.add_argument("--framework", choices=("jax", "torch"), default="jax",
+                   help="jax: our Flax model; torch: torch_reference, on CUDA when torch sees "
+                        "a GPU, without importing JAX (default: jax)")
     p.add_argument("--beam", type=int, default=None,
-                   help="beam size; 1 = greedy search (default 4)")
+                   help="beam size; 1 = greedy search, the test translation of train.py's "
+                        "default run (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="beam length penalty (default 0.6)")
     p.add_argument("--length-penalty-style", choices=("gnmt", "hf"), default="gnmt",
                    help="gnmt: ((5 + len) / 6) ** alpha (default); hf: transformers' "
@@ -97,7 +100,9 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=None,
                    help="most output tokens per sentence (default: twice the padded source "
                         "length + 10, at most the model's max_len)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="most sentences translated at once; from a pipe or a terminal, each "
+                        "batch takes the lines waiting, up to this (default: 32)")
     add_output_flags(p)
     p.add_argument("--normalize-punctuation", action="store_true",
                    help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "

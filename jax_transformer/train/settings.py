@@ -79,12 +79,10 @@ def setting(default: Any = None, help: str = "", *, factory=None, aliases=(),
             resumable: bool = False, **argparse_options):
     """A settings field: its default, its --help text, the flag's other spellings and any
     argparse options (choices, metavar) for the flag generated from it (the metadata
-    keys simple_parsing reads). A boolean flag also has a --no- form. `resumable`: the
-    setting only steers how long or how visibly a run goes, so a resumed run may change
-    it; the others must repeat the run_args.json a run records."""
+    keys simple_parsing reads). `resumable`: the setting only steers how long or how
+    visibly a run goes, so a resumed run may change it; the others must repeat the
+    run_args.json a run records."""
     custom_args = dict(argparse_options)
-    if isinstance(default, bool):
-        custom_args["negative_prefix"] = "--no-"
     metadata = {"help": help, "alias": list(aliases), "custom_args": custom_args,
                 "resumable": resumable}
     if factory is not None:
@@ -112,7 +110,7 @@ def refuse_empty_paths(settings) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-    """Data: the task, its corpus, the tokenizer and the batches (default: the built-in
+    """The task, its corpus, the tokenizer and the batches (default: the built-in
     number-words corpus; with --task lm, the built-in counting text)."""
     data: str | None = setting(None, "a corpus jaxformer-prepare made, whose corpus flags are "
                                "the defaults (else: prepared in WORKDIR/data)", metavar="DIR",
@@ -251,7 +249,8 @@ CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TransformerConfig)}
 
 @dataclasses.dataclass(frozen=True)
 class ModelSettings:
-    """Model (TransformerConfig's fields; --preset picks their defaults)."""
+    """TransformerConfig's fields, less those the data decide; --preset picks their
+    defaults."""
     # TransformerConfig's fields less DERIVED_MODEL_FIELDS, which the data decide; a
     # field added to TransformerConfig is added here too (tests/train/test_train.py checks).
     d_model: int = model_setting("d_model")
@@ -324,9 +323,8 @@ class TrainSettings:
         None, "--init-from an M2M100/NLLB directory: the target language code, first in "
               "each target (the decoder learns it after </s>) and forced as the first token "
               "when the run translates the test set", metavar="CODE")
-    steps: int = setting(1200, f"optimizer updates in total "
-                               f"({TASK_DEFAULTS['lm']['steps']} by default with --task lm)",
-                               resumable=True)
+    steps: int = setting(1200, "optimizer updates in total; --task lm defaults to "
+                               f"{TASK_DEFAULTS['lm']['steps']}", resumable=True)
     time_budget: float | None = setting(
         None, "dispatch no step once this many seconds since the start have passed (corpus, "
               "tokenizer and compiling count); the steps in flight (one, at most two) finish "
@@ -334,8 +332,7 @@ class TrainSettings:
               "run gets a fresh budget (default: no limit)",
         metavar="SECONDS", resumable=True)
     warmup: int = setting(400, "warm-up steps: the paper's schedule's, or the linear warm-up "
-                               f"to --lr ({FINETUNE_DEFAULTS['warmup']} by default with "
-                               "--init-from)")
+                               f"to --lr; --init-from defaults to {FINETUNE_DEFAULTS['warmup']}")
     lr_scale: float = setting(1.0, "multiplies the schedule d_model^-0.5 * min(step^-0.5, "
                                    "step * warmup^-1.5)")
     lr_schedule: str = setting(
@@ -393,9 +390,10 @@ class TrainSettings:
                                 "norm) from the devices; each read waits only for the step "
                                 "before the one just started, so the devices never idle on it",
                                 resumable=True)
-    beam: int = setting(1, "beam size of the test (and dev BLEU) translation; 1 = greedy "
-                           "(default 1; 4 with --preset base or big, the paper's)",
-                        resumable=True)
+    beam: int = setting(1, "beam size of the test (and dev BLEU) translation; 1 = greedy, "
+                           "quick enough to translate the dev set at every evaluation on a "
+                           "CPU; --preset base and big default to 4, the paper's and "
+                           "jaxformer-translate's default", resumable=True)
     alpha: float = setting(0.6, "beam search's length penalty ((5 + length) / 6) ** alpha "
                                 "(GNMT's; the paper's 0.6)", resumable=True)
     decode_batch_size: int = setting(250, "sentences per batch when translating the test and "

@@ -64,6 +64,8 @@ def test_run_writes_everything(reference_run):
         assert math.isfinite(results["test"][key]), key
     assert results["test"]["sentences"] == 40 and len(results["samples"]) == 2
     assert summary["step"] == 12
+    printed = train_command.final_results(tiny_settings(workdir, "--steps", "12"), summary)
+    assert printed["test_decoding"] == results["decoding"] == "greedy"  # docs/decoding.md
 
 
 @pytest.mark.slow
