@@ -238,8 +238,8 @@ def test_a_closed_stdin_is_one_clear_error_before_any_work(torch_checkpoint, tmp
     monkeypatch.setattr(translate, "load",
                         lambda *args: pytest.fail("loaded the model before reading stdin"))
     for flags in ([], ["--input", "-"]):
-        code, out, err = run_main(["--checkpoint", torch_checkpoint, "--output",
-                                   tmp_path / "out.txt", *flags], capsys)
+        code, out, err = run_translate(["--checkpoint", torch_checkpoint, "--output",
+                                        tmp_path / "out.txt", *flags], capsys)
         assert (code, out) == (2, []) and err.splitlines() == [
             "error: stdin is closed (<&-), so there is nothing to translate: give the "
             "sentences on stdin (< FILE, a pipe) or with --input FILE"]
