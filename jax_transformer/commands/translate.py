@@ -47,12 +47,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from tqdm import tqdm
-
 from jax_transformer.applications.translator import (TranslateError, check_nbest, load,
                                                      search_lines, set_languages)
 from jax_transformer.commands import exit_codes, parsing
 from transformer_core.generation import check_alpha
+from transformer_core.progress import progress_bar
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
                                    split_lines)
 
@@ -244,8 +243,8 @@ def translate_command(argv=None) -> int:
         streaming = args.input in (None, STDIO) and stdin_is_a_stream()
         batches = (stream_batches(sys.stdin.buffer, args.batch_size) if streaming
                    else [read_input(args.input)])
-        progress = None if streaming else lambda batches: tqdm(  # noqa: E731
-            batches, desc="batches", unit="batch", file=sys.stderr, disable=None)
+        progress = None if streaming else lambda batches: progress_bar(  # noqa: E731
+            iterable=batches, desc="batches", unit="batch")
         start, count = time.perf_counter(), 0
         for lines in batches:  # a pipe or a terminal: the lines waiting, as they come
             hypotheses = search_lines([prepare(line) for line in lines], model, tokenizer,

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
@@ -47,6 +46,7 @@ from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whol
                                             write_atomically)
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import TrainError
+from transformer_core.progress import progress_bar
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
@@ -239,8 +239,8 @@ class TrainingRun:
         self.last_saved = start_step if self.resuming else None
         late = LateMetrics(settings.log_every, started)
         host_seconds = []  # per step, the loop thread's CPU time: its batch taken, dispatched
-        progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
-                        disable=settings.quiet or not self.primary, dynamic_ncols=True)
+        progress = progress_bar(total=settings.steps, initial=start_step, desc="train",
+                                unit="step", disable=settings.quiet or not self.primary)
         with interrupts.deferred_stops(deadline) as stops, progress, \
                 contextlib.closing(metrics_log), contextlib.closing(updates):
             if finished:
@@ -327,7 +327,7 @@ class TrainingRun:
                               tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
                               elapsed=round(m.elapsed, 3))
             progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{m.lr:.2e}",
-                                 tok_s=f"{m.tokens_per_s:,.0f}")
+                                 tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
             progress.update(1)
         return read[-1].loss if read else None
 
