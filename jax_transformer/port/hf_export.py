@@ -150,7 +150,7 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
 def to_hf_marian(src_dir: str, out_dir: str, options: Mapping[str, Any]) -> str:
     """--to hf-marian: what was written, for jaxformer-port's "wrote OUT ..." line."""
     config, tokenizer = export_hf_marian(src_dir, out_dir)
-    return f"(Marian, tokenizer {tokenizer}): {config}"
+    return f"as a Hugging Face Marian model ({config.summary()}), tokenizer {tokenizer}"
 
 
 FORMAT = Format(TARGETS[0], to_hf_marian)
