@@ -124,9 +124,10 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
              alpha=0.6, max_len=None, batch_size=32, progress=None,
              length_penalty_style="gnmt", nbest=1, sampling: Sampling | None = None,
              first_line=1) -> Iterator[list[list[Hypothesis]]]:
-    """Per line, in input order, its `nbest` best hypotheses, best first, yielded as they
-    are done: beam search's `nbest` beams (at most `beam`), or greedy search's or
-    `sampling`'s one. A blank line gives blank hypotheses without running the model.
+    """Per line, in input order, its best hypotheses, best first, yielded as they are
+    done: beam search's `nbest` best beams (at most `beam`) with distinct texts
+    (`distinct`), or greedy search's or `sampling`'s one. A blank line gives one blank
+    hypothesis without running the model.
     Sentences are sorted by length into batches and padded to one of the
     `source_widths` of the longest source's length rounded up to a power of two (at most
     the model's max_len), so JAX compiles each search at most SOURCE_WIDTHS times
@@ -151,8 +152,7 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     # max_len of 65536, 17 GB of attention scores in a batch of 32.
     longest = max((len(ids) for ids in sources.values()), default=1)
     widths = source_widths(min(config.max_len, 1 << (longest - 1).bit_length()))
-    results = [None if i in sources else [Hypothesis("", 0.0, ())] * nbest
-               for i in range(len(lines))]
+    results = [None if i in sources else [Hypothesis("", 0.0, ())] for i in range(len(lines))]
     batches = sorted((order[i:i + batch_size] for i in range(0, len(order), batch_size)),
                      key=min)
     search = dict(framework=framework, beam=beam, alpha=alpha, sampling=sampling,
@@ -173,13 +173,25 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
                                       **search)
         for row, i in enumerate(batch):
             ids = [generated_ids(t, config.eos_id) for t in tokens[row, :nbest]]
-            results[i] = [Hypothesis(tokenizer.decode(list(t)), float(score), t)
-                          for t, score in zip(ids, scores[row, :nbest])]
+            results[i] = distinct([Hypothesis(tokenizer.decode(list(t)), float(score), t)
+                                   for t, score in zip(ids, scores[row, :nbest])])
         done = next((i for i in range(written, len(lines)) if results[i] is None), len(lines))
         yield results[written:done]
         written = done
     if written < len(lines):  # no batch ran: every line blank
         yield results[written:]
+
+
+def distinct(hypotheses: list[Hypothesis]) -> list[Hypothesis]:
+    """`hypotheses` (best first) without those whose text a better one has: beams that
+    detokenize alike (two segmentations of one string) are one translation, with the
+    best one's score and ids."""
+    kept, texts = [], set()
+    for hypothesis in hypotheses:
+        if hypothesis.text not in texts:
+            kept.append(hypothesis)
+            texts.add(hypothesis.text)
+    return kept
 
 
 def check_nbest(nbest: int, beam: int, sampled: bool) -> None:

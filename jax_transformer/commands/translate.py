@@ -16,7 +16,8 @@ command answers interactively; a file (--input, or stdin redirected from one) is
 whole and sorted by length into full batches, its translations written, in order, as
 each batch completes the lines before them, so a reader that goes away (`| head -1`)
 stops the command at the next write (exit 141, quietly). --nbest K writes each line's
-K best translations as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores
+K best translations (those with the same text as a better one left out) as
+INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores
 SCORE<TAB>TRANSLATION for the best; --sample draws one translation (--temperature,
 --top-k, --top-p, --seed).
 The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
@@ -65,7 +66,9 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nbest", type=int, default=None, metavar="K",
                    help="write the K best translations of each line (at most --beam), best "
                         "first, each as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index; "
-                        "the search's score: log-probability over the length penalty)")
+                        "the search's score: log-probability over the length penalty); "
+                        "beams with the same text are one, with the best score, so a line "
+                        "may have fewer")
     p.add_argument("--print-scores", action="store_true",
                    help="write SCORE<TAB>TRANSLATION for each line's best translation")
     p.add_argument("--sample", action="store_true",
