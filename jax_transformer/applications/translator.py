@@ -127,17 +127,16 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     """Per line, in input order, its best hypotheses, best first, yielded as they are
     done: beam search's `nbest` best beams (at most `beam`) with distinct texts
     (`distinct`), or greedy search's or `sampling`'s one. A blank line gives one blank
-    hypothesis without running the model.
-    Sentences are sorted by length into batches and padded to one of the
-    `source_widths` of the longest source's length rounded up to a power of two (at most
-    the model's max_len), so JAX compiles each search at most SOURCE_WIDTHS times
-    whatever the lengths (once more for the last, smaller batch), not once per batch,
-    and buffers grow with the input, not with max_len. The batches run in the order of
-    the first line each holds, and after each the lines done since (all before them
-    done too) are yielded: the first translations come after a batch, not after the
-    whole input, so a caller writing them as they come learns at once that its reader
-    has gone (`| head -1`). `length_penalty_style` "hf" is transformers' beam search
-    (length_penalty = alpha).
+    hypothesis without running the model. Sentences are sorted by length into batches
+    and padded to one of the `source_widths` of the longest source's length rounded up
+    to a power of two (at most the model's max_len), so JAX compiles each search at most
+    SOURCE_WIDTHS times whatever the lengths (once more for the last, smaller batch),
+    not once per batch, and buffers grow with the input, not with max_len. The batches
+    run in the order of the first line each holds, and after each the lines done since
+    (all before them done too) are yielded: the first translations come after a batch,
+    not after the whole input, so a caller writing them as they come learns at once
+    that its reader has gone (`| head -1`). `length_penalty_style` "hf" is
+    transformers' beam search (length_penalty = alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:

@@ -17,9 +17,8 @@ whole and sorted by length into full batches, its translations written, in order
 each batch completes the lines before them, so a reader that goes away (`| head -1`)
 stops the command at the next write (exit 141, quietly). --nbest K writes each line's
 K best translations (those with the same text as a better one left out) as
-INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores
-SCORE<TAB>TRANSLATION for the best; --sample draws one translation (--temperature,
---top-k, --top-p, --seed).
+INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores SCORE<TAB>TRANSLATION for the
+best; --sample draws one translation (--temperature, --top-k, --top-p, --seed).
 The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
 eos) or, in a converted opus-mt model, Marian's source.spm + vocab.json
 (transformer_core.marian_tokenizer): a multilingual model's target language is a code at the
