@@ -150,14 +150,43 @@ def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
         from_labels = hf(input_ids=torch.as_tensor(src), attention_mask=torch.as_tensor(src != PAD),
                          labels=labels).logits.numpy()
     np.testing.assert_array_equal(from_labels, got)
-    # generate() reads the start, end and pad ids and max_length from the export: it
-    # gives torch_reference's cached greedy tokens, running to max_len (no forced </s>).
+    # generate() reads the start, end and pad ids from the export: it gives
+    # torch_reference's cached greedy tokens, running to max_len (no forced </s>).
     tokens, _ = torch_reference.decoding.greedy_search(ours, torch.as_tensor(src),
                                                        max_len=config.max_len)
     src_t = torch.as_tensor(src)
-    hf_tokens = hf.generate(input_ids=src_t, attention_mask=src_t != PAD, do_sample=False)
+    hf_tokens = hf.generate(input_ids=src_t, attention_mask=src_t != PAD, do_sample=False,
+                            max_new_tokens=config.max_len)
     assert [first_sentence(r[1:]) for r in hf_tokens.tolist()] == [
         first_sentence(r) for r in tokens.tolist()]
+
+
+def test_generate_takes_the_callers_length_bound_without_a_warning(tmp_path):
+    """generate(max_new_tokens=N) and generate(max_length=N) on the export: N bounds the
+    output and transformers says nothing. Before: generation_config.json held max_length,
+    and max_new_tokens drew `Both max_new_tokens (=3) and max_length(=65) seem to have
+    been set`."""
+    import logging
+    import warnings
+    save_ours(tmp_path / "ours", EXPORTABLE)
+    export(tmp_path / "ours", tmp_path / "hf")
+    hf = load_hf(tmp_path / "hf")
+    src = torch.as_tensor(source_batch(EXPORTABLE.src_vocab_size, PAD, EOS))
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            new_tokens = hf.generate(input_ids=src, attention_mask=src != PAD, do_sample=False,
+                                     max_new_tokens=3)
+            length = hf.generate(input_ids=src, attention_mask=src != PAD, do_sample=False,
+                                 max_length=5)
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert said == [] and [str(w.message) for w in warned] == []
+    assert new_tokens.shape[1] <= 1 + 3 and length.shape[1] <= 5
 
 
 def test_tokenizer_loads_in_transformers_with_our_ids(tmp_path):

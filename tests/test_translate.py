@@ -1,5 +1,6 @@
 """The translate command on tiny checkpoints saved by either framework."""
 
+import errno
 import io
 import json
 import os
@@ -79,6 +80,36 @@ def test_a_closed_output_pipe_ends_quietly(torch_checkpoint, tmp_path):
         os.close(write)
     assert result.returncode == 128 + signal.SIGPIPE, result.stderr
     assert result.stderr == ""
+
+
+class ReaderGoneAfterOneWrite(io.StringIO):
+    """stdout whose reader (`| head -1`) has gone once it has read the first write."""
+
+    def write(self, text: str) -> int:
+        if text and self.getvalue():
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+        return super().write(text)
+
+
+def test_a_file_stops_at_the_write_after_its_reader_has_gone(torch_checkpoint, tmp_path,
+                                                             monkeypatch):
+    """`jaxformer-translate --input FILE | head -1`: the first line written, the reader
+    gone, the next write fails (exit_codes turns that into exit 141, quietly), 2 of 24
+    lines translated. Before: all 24 were translated and written at once, so the command
+    ran to the end, and exited 0 where the translations fit the pipe's buffer."""
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES * 4) + "\n")
+    rows = []
+    search_batch = translator.search_batch
+    monkeypatch.setattr(translator, "search_batch", lambda model, src, *args, **kwargs: (
+        rows.append(len(src)), search_batch(model, src, *args, **kwargs))[1])
+    monkeypatch.setattr(sys, "stdout", ReaderGoneAfterOneWrite())
+    with pytest.raises(BrokenPipeError):
+        translate.translate_command(["--checkpoint", str(torch_checkpoint), "--framework",
+                                     "torch", "--input", str(source), "--beam", "1",
+                                     "--max-len", "8", "--batch-size", "1"])
+    assert sys.stdout.getvalue().count("\n") == 1
+    assert len(rows) == 2
 
 
 def test_errors_are_clear(tokenizer, jax_checkpoint, tmp_path, capsys):

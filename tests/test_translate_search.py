@@ -62,19 +62,45 @@ def test_nbest_writes_the_beams_best_first_with_their_forced_decoding_scores(
                        "--nbest", "3", "--alpha", "0", "--max-len", "8")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split("\t") for line in result.stdout.splitlines()]
-    assert [int(r[0]) for r in rows] == [i for i in range(len(SOURCES)) for _ in range(3)]
     model, _ = translator.load(checkpoint, framework)
     expected = translator.search_lines(SOURCES, model, tokenizer, framework=framework, beam=3,
                                        alpha=0.0, max_len=8, nbest=3)
+    assert [int(r[0]) for r in rows] == [i for i, best in enumerate(expected) for _ in best]
     for i, source in enumerate(SOURCES):
-        texts, scores = [r[2] for r in rows[3 * i:3 * i + 3]], [float(r[1]) for r in
-                                                                  rows[3 * i:3 * i + 3]]
+        mine = [r for r in rows if int(r[0]) == i]
+        texts, scores = [r[2] for r in mine], [float(r[1]) for r in mine]
         assert texts == [h.text for h in expected[i]]
         assert scores == sorted(scores, reverse=True)
         for hypothesis, score in zip(expected[i], scores):
             forced = (forced_log_prob(model, framework, source, hypothesis.ids, tokenizer)
                       if source else 0.0)
             assert score == pytest.approx(forced, abs=2e-4), (i, hypothesis)
+
+
+class OneText:
+    """A tokenizer whose every translation detokenizes to the same text, as different
+    segmentations of one string do."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def decode(self, ids) -> str:
+        return "one text"
+
+
+def test_nbest_lists_each_text_once_with_its_best_score(torch_checkpoint):  # noqa: F811
+    """Before: --nbest 3 wrote a text once per beam that detokenized to it, and a blank
+    line 3 times."""
+    model, tokenizer = translator.load(torch_checkpoint, "torch")  # noqa: F811
+    search = dict(framework="torch", beam=3, nbest=3, max_len=8)
+    beams = translator.search_lines(SOURCES, model, tokenizer, **search)
+    merged = translator.search_lines(SOURCES, model, OneText(tokenizer), **search)
+    assert merged == [[translator.Hypothesis("one text", best[0].score, best[0].ids)] if source
+                      else [translator.Hypothesis("", 0.0, ())]
+                      for source, best in zip(SOURCES, beams)]
 
 
 @pytest.mark.slow

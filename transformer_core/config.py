@@ -130,6 +130,19 @@ class TransformerConfig:
         """The single-stack models' one vocabulary (= src_vocab_size = tgt_vocab_size)."""
         return self.tgt_vocab_size
 
+    def summary(self) -> str:
+        """The model in words, for a command's output: "encoder-decoder, 6+6 layers,
+        d_model 512, 8 heads, d_ff 2048, vocabulary 58,101 shared, max_len 512"."""
+        layers = {"encoder_decoder": f"{self.num_encoder_layers}+{self.num_decoder_layers}",
+                  "encoder_only": str(self.num_encoder_layers),
+                  "decoder_only": str(self.num_decoder_layers)}[self.architecture]
+        vocabulary = (f"vocabulary {self.src_vocab_size:,} shared" if self.share_embeddings
+                      else f"vocabularies {self.src_vocab_size:,} (source) and "
+                           f"{self.tgt_vocab_size:,} (target)")
+        return (f"{self.architecture.replace('_', '-')}, {layers} layers, d_model "
+                f"{self.d_model}, {self.num_heads} heads, d_ff {self.d_ff}, {vocabulary}, "
+                f"max_len {self.max_len}")
+
     def replace(self, **changes: Any) -> "TransformerConfig":
         return dataclasses.replace(self, **changes)
 

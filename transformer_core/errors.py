@@ -1,4 +1,5 @@
-"""The base class of every error a user's input can cause, and how such errors list things.
+"""The base class of every error a user's input can cause, and how such errors (and the
+lines a command prints) list and count things.
 
 Each concern has its own subclass (ConfigError, CheckpointError, TokenizerError,
 CorpusError, PortError, TranslateError, TrainError), most beside the code that
@@ -30,3 +31,8 @@ def listing(items: Iterable[str], limit: int = 10) -> str:
     items = list(items)
     text = ", ".join(items[:limit])
     return text + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 evaluation', '2 evaluations': `count` and `noun`, plural unless one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

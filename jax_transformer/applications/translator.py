@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -112,19 +113,30 @@ def translate_lines(lines, model, tokenizer: CheckpointTokenizer, **search) -> l
     return [hypotheses[0].text for hypotheses in search_lines(lines, model, tokenizer, **search)]
 
 
-def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
-                 alpha=0.6, max_len=None, batch_size=32, progress=None,
-                 length_penalty_style="gnmt", nbest=1, sampling: Sampling | None = None,
-                 first_line=1) -> list[list[Hypothesis]]:
-    """Per line, in order, its `nbest` best hypotheses, best first: beam search's `nbest`
-    beams (at most `beam`), or greedy search's or `sampling`'s one. A blank line gives
-    blank hypotheses without running the model. Sentences are sorted by length into
-    batches and padded to one of the `source_widths` of the longest source's length
-    rounded up to a power of two (at most the model's max_len), so JAX compiles each
-    search at most SOURCE_WIDTHS times whatever the lengths (once more for the last,
-    smaller batch), not once per batch, and buffers grow with the input, not with
-    max_len. `length_penalty_style` "hf" is transformers' beam search (length_penalty =
-    alpha).
+def search_lines(lines, model, tokenizer: CheckpointTokenizer, **search
+                 ) -> list[list[Hypothesis]]:
+    """Per line, in order, its best hypotheses: all that `searched(lines, ...)` yields."""
+    return [hypotheses for done in searched(lines, model, tokenizer, **search)
+            for hypotheses in done]
+
+
+def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", beam=4,
+             alpha=0.6, max_len=None, batch_size=32, progress=None,
+             length_penalty_style="gnmt", nbest=1, sampling: Sampling | None = None,
+             first_line=1) -> Iterator[list[list[Hypothesis]]]:
+    """Per line, in input order, its best hypotheses, best first, yielded as they are
+    done: beam search's `nbest` best beams (at most `beam`) with distinct texts
+    (`distinct`), or greedy search's or `sampling`'s one. A blank line gives one blank
+    hypothesis without running the model. Sentences are sorted by length into batches
+    and padded to one of the `source_widths` of the longest source's length rounded up
+    to a power of two (at most the model's max_len), so JAX compiles each search at most
+    SOURCE_WIDTHS times whatever the lengths (once more for the last, smaller batch),
+    not once per batch, and buffers grow with the input, not with max_len. The batches
+    run in the order of the first line each holds, and after each the lines done since
+    (all before them done too) are yielded: the first translations come after a batch,
+    not after the whole input, so a caller writing them as they come learns at once
+    that its reader has gone (`| head -1`). `length_penalty_style` "hf" is
+    transformers' beam search (length_penalty = alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
     if max_len is not None and max_len > config.max_len:
@@ -139,11 +151,13 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
     # max_len of 65536, 17 GB of attention scores in a batch of 32.
     longest = max((len(ids) for ids in sources.values()), default=1)
     widths = source_widths(min(config.max_len, 1 << (longest - 1).bit_length()))
-    results = [[Hypothesis("", 0.0, ())] * nbest for _ in lines]
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    results = [None if i in sources else [Hypothesis("", 0.0, ())] for i in range(len(lines))]
+    batches = sorted((order[i:i + batch_size] for i in range(0, len(order), batch_size)),
+                     key=min)
     search = dict(framework=framework, beam=beam, alpha=alpha, sampling=sampling,
                   length_penalty_style=length_penalty_style,
                   forced=getattr(tokenizer, "forced_first_id", None))  # the target language's
+    written = 0
     for batch in (progress(batches) if progress else batches):
         width = padded_length(max(len(sources[i]) for i in batch), widths)
         # Few shapes for jit: a batch is (batch_size, width), the last one's rows rounded up
@@ -158,9 +172,25 @@ def search_lines(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax
                                       **search)
         for row, i in enumerate(batch):
             ids = [generated_ids(t, config.eos_id) for t in tokens[row, :nbest]]
-            results[i] = [Hypothesis(tokenizer.decode(list(t)), float(score), t)
-                          for t, score in zip(ids, scores[row, :nbest])]
-    return results
+            results[i] = distinct([Hypothesis(tokenizer.decode(list(t)), float(score), t)
+                                   for t, score in zip(ids, scores[row, :nbest])])
+        done = next((i for i in range(written, len(lines)) if results[i] is None), len(lines))
+        yield results[written:done]
+        written = done
+    if written < len(lines):  # no batch ran: every line blank
+        yield results[written:]
+
+
+def distinct(hypotheses: list[Hypothesis]) -> list[Hypothesis]:
+    """`hypotheses` (best first) without those whose text a better one has: beams that
+    detokenize alike (two segmentations of one string) are one translation, with the
+    best one's score and ids."""
+    kept, texts = [], set()
+    for hypothesis in hypotheses:
+        if hypothesis.text not in texts:
+            kept.append(hypothesis)
+            texts.add(hypothesis.text)
+    return kept
 
 
 def check_nbest(nbest: int, beam: int, sampled: bool) -> None:

@@ -127,7 +127,8 @@ def convert(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out} {EXPORTS[args.target].convert(args.src, args.out, {})}")
     else:
         source = IMPORTS[args.source]
-        print(f"wrote {args.out}: {source.convert(args.src, args.out, given(args, source))}")
+        config = source.convert(args.src, args.out, given(args, source))
+        print(f"wrote {args.out}: {config.summary()}")
     return 0
 
 

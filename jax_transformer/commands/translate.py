@@ -13,7 +13,10 @@ atomically (a failed write keeps the old file), a FIFO or a device (/dev/null,
 file is refused. From a pipe or a terminal, stdin is translated as its lines arrive
 (each batch: the lines waiting) and the output flushed after each batch, so the
 command answers interactively; a file (--input, or stdin redirected from one) is read
-whole into full batches. --nbest K writes each line's K best translations as
+whole and sorted by length into full batches, its translations written, in order, as
+each batch completes the lines before them, so a reader that goes away (`| head -1`)
+stops the command at the next write (exit 141, quietly). --nbest K writes each line's
+K best translations (those with the same text as a better one left out) as
 INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION, --print-scores SCORE<TAB>TRANSLATION for the
 best; --sample draws one translation (--temperature, --top-k, --top-p, --seed).
 The tokenizer is the checkpoint's tokenizer.model (source ids: its pieces plus
@@ -47,12 +50,12 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from tqdm import tqdm
-
 from jax_transformer.applications.translator import (TranslateError, check_nbest, load,
-                                                     search_lines, set_languages)
+                                                     searched, set_languages)
 from jax_transformer.commands import exit_codes, parsing
+from transformer_core.errors import counted
 from transformer_core.generation import check_alpha
+from transformer_core.progress import progress_bar
 from transformer_core.text import (SNIFF_BYTES, TextError, decode_line, encoding_problem,
                                    split_lines)
 
@@ -62,7 +65,9 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nbest", type=int, default=None, metavar="K",
                    help="write the K best translations of each line (at most --beam), best "
                         "first, each as INPUT_INDEX<TAB>SCORE<TAB>TRANSLATION (0-based index; "
-                        "the search's score: log-probability over the length penalty)")
+                        "the search's score: log-probability over the length penalty); "
+                        "beams with the same text are one, with the best score, so a line "
+                        "may have fewer")
     p.add_argument("--print-scores", action="store_true",
                    help="write SCORE<TAB>TRANSLATION for each line's best translation")
     p.add_argument("--sample", action="store_true",
@@ -252,19 +257,19 @@ def translate_command(argv=None) -> int:
         streaming = args.input in (None, STDIO) and stdin_is_a_stream()
         batches = (stream_batches(sys.stdin.buffer, args.batch_size) if streaming
                    else [read_input(args.input)])
-        progress = None if streaming else lambda batches: tqdm(  # noqa: E731
-            batches, desc="batches", unit="batch", file=sys.stderr, disable=None)
+        progress = None if streaming else lambda batches: progress_bar(  # noqa: E731
+            iterable=batches, desc="batches", unit="batch")
         start, count = time.perf_counter(), 0
         for lines in batches:  # a pipe or a terminal: the lines waiting, as they come
-            hypotheses = search_lines([prepare(line) for line in lines], model, tokenizer,
-                                      first_line=count + 1, progress=progress, **search)
-            output.write(formatted(hypotheses, args, first_index=count))
-            output.flush()
-            count += len(lines)
+            for done in searched([prepare(line) for line in lines], model, tokenizer,
+                                 first_line=count + 1, progress=progress, **search):
+                output.write(formatted(done, args, first_index=count))
+                output.flush()  # a reader gone (| head -1) stops the command here
+                count += len(done)
         seconds = time.perf_counter() - start
     how = "sampling" if sampling else "greedy" if args.beam == 1 else f"beam {args.beam}"
-    print(f"translated {count} sentences in {seconds:.1f}s ({args.framework}, {how})",
-          file=sys.stderr)
+    print(f"translated {counted(count, 'sentence')} in {seconds:.1f}s ({args.framework}, "
+          f"{how})", file=sys.stderr)
     return 0
 
 

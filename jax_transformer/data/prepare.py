@@ -33,13 +33,11 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from tqdm import tqdm
 
 from jax_transformer.data import encode_worker
 from jax_transformer.data.raw import Corpus, Log, RawSplit, read_splits, write_examples
@@ -50,6 +48,7 @@ from jax_transformer.data.prepared import (FORMAT, MANIFEST, SPLITS, Prepared, f
 from jax_transformer.data.store import TokenStore, fingerprint, ids_dtype
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.errors import listing
+from transformer_core.progress import progress_bar
 from transformer_core.tokenizer import UNK_ID, Tokenizer
 
 PART_EXAMPLES = 100_000  # a split smaller than twice this is encoded in this process
@@ -274,9 +273,8 @@ class _Stages:
             unknown_ids=plan["unknown_ids"], dtype=plan["dtype"],
             tokenizer=str(getattr(tokenizer, "path", "")))
             for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-        bar = tqdm(total=last - first, desc=f"encode {split}", unit=" examples",
-                   disable=not self.progress, file=sys.stderr, dynamic_ncols=True,
-                   mininterval=1, delay=1)
+        bar = progress_bar(total=last - first, desc=f"encode {split}", unit=" examples",
+                           disable=not self.progress, mininterval=1, delay=1)
         with bar:
             if parts == 1:
                 encode_worker.encode(jobs[0], tokenizer, bar.update)

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from jax_transformer.data import encode_worker
 from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.data.store import StoreWriter, TokenStore
+from transformer_core.progress import progress_bar
 
 READ_CHUNK = 10_000  # examples written to the raw stores at a time
 Log = Callable[[str], None]
@@ -128,8 +127,8 @@ def read_source(directory: Path, split: str, source: Source, sides: Sequence[str
                  progress: bool) -> dict[str, TokenStore]:
     """Read `source` once into raw stores, one per side; a CorpusError if none is usable."""
     writers = {side: StoreWriter(directory, f"{split}.{side}", np.uint8) for side in sides}
-    bar = tqdm(desc=f"read {split}", unit=f" {source.report.unit}", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True, mininterval=1, delay=1)
+    bar = progress_bar(desc=f"read {split}", unit=f" {source.report.unit}",
+                       disable=not progress, mininterval=1, delay=1)
     chunk = []
 
     def flush():

@@ -190,7 +190,8 @@ def export_ctranslate2(src_dir: str | os.PathLike,
 
 def to_ctranslate2(src_dir: str, out_dir: str, options: Mapping[str, Any]) -> str:
     """--to ctranslate2: what was written, for jaxformer-port's "wrote OUT ..." line."""
-    return f"(CTranslate2, tokenizer copied): {export_ctranslate2(src_dir, out_dir)}"
+    return (f"as a CTranslate2 model ({export_ctranslate2(src_dir, out_dir).summary()}), "
+            "tokenizer copied")
 
 
 FORMAT = Format(TARGET, to_ctranslate2)

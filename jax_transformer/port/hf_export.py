@@ -1,7 +1,7 @@
 """Our checkpoint directory -> a Hugging Face Marian directory (the inverse of marian.py).
 
     OUT/config.json              a full MarianConfig, written as JSON (no transformers needed)
-    OUT/generation_config.json   the start/end/pad ids, max_length, no forced end token
+    OUT/generation_config.json   the start/end/pad ids, no forced end token, no length bound
     OUT/model.safetensors        MarianMTModel's names, the keys save_pretrained writes
     OUT/source.spm, target.spm   our tokenizer.model (a SentencePiece model), twice
     OUT/vocab.json               every piece -> our id; <pad>, </s>, <unk> at our ids
@@ -92,10 +92,12 @@ def hf_marian_config(config: TransformerConfig, dtype: str = "float32") -> dict[
 
 
 def hf_generation_config(config: TransformerConfig) -> dict[str, Any]:
-    """generation_config.json: our ids, and room for max_len tokens after the start token."""
+    """generation_config.json: our ids, and no length bound, as transformers' own
+    save_pretrained writes for Marian: generate() takes max_new_tokens or max_length from
+    its caller alone. (A max_length here made generate(max_new_tokens=N) warn that both
+    seem to have been set; a max_new_tokens here overrides a caller's max_length.)"""
     return {"decoder_start_token_id": config.bos_id, "eos_token_id": config.eos_id,
-            "pad_token_id": config.pad_id, "forced_eos_token_id": None,
-            "max_length": config.max_len + 1}
+            "pad_token_id": config.pad_id, "forced_eos_token_id": None}
 
 
 def hf_marian_tensors(tensors: dict[str, np.ndarray],
@@ -149,7 +151,7 @@ def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[Transfor
 def to_hf_marian(src_dir: str, out_dir: str, options: Mapping[str, Any]) -> str:
     """--to hf-marian: what was written, for jaxformer-port's "wrote OUT ..." line."""
     config, tokenizer = export_hf_marian(src_dir, out_dir)
-    return f"(Marian, tokenizer {tokenizer}): {config}"
+    return f"as a Hugging Face Marian model ({config.summary()}), tokenizer {tokenizer}"
 
 
 FORMAT = Format(TARGETS[0], to_hf_marian)

@@ -22,8 +22,9 @@ import types as builtin_types
 import typing
 from typing import Any, Callable, Mapping
 
-# convert(SRC, OUT, options) -> what jaxformer-port prints after "wrote OUT" (the config
-# of an import). `options` holds the format's flags that were given, by field name.
+# convert(SRC, OUT, options) -> an import's config (jaxformer-port prints its summary()
+# after "wrote OUT: "), or what an export wrote, in words, printed after "wrote OUT ".
+# `options` holds the format's flags that were given, by field name.
 Converter = Callable[[str, str, Mapping[str, Any]], Any]
 KEEP = object()  # like(): the field's own default
 

@@ -84,8 +84,11 @@ class Checkpointer:
 
     def save(self, state: TrainState, data_state: dict, metrics: dict | None = None) -> None:
         """Save `state` in the per-layer layout, whether or not its layers are scanned;
-        `metrics` (an evaluation's) rank it for `best`."""
+        `metrics` (an evaluation's) rank it for `best`, saved with the step, which ranks
+        ties (selection.kept_checkpoints)."""
         step = int(jax.device_get(state.step))
+        if metrics is not None:
+            metrics = {**metrics, "step": step}
         params, rngs, opt_state = scanned.map_states(
             scanned.per_layer_state, (state.params, state.rngs, state.opt_state))
         self.manager.save(step, args=ocp.args.Composite(

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
@@ -46,7 +45,8 @@ from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
                                             write_atomically)
 from transformer_core.config import TransformerConfig
-from transformer_core.errors import TrainError
+from transformer_core.errors import TrainError, counted
+from transformer_core.progress import progress_bar
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 START_EVAL_FILE = "start_eval.json"  # a fine-tuning run's evaluation before its first step
@@ -243,14 +243,14 @@ class TrainingRun:
         self.last_saved = start_step if self.resuming else None
         late = LateMetrics(settings.log_every, started)
         host_seconds = []  # per step, the loop thread's CPU time: its batch taken, dispatched
-        progress = tqdm(total=settings.steps, initial=start_step, desc="train", unit="step",
-                        disable=settings.quiet or not self.primary, dynamic_ncols=True)
+        progress = progress_bar(total=settings.steps, initial=start_step, desc="train",
+                                unit="step", disable=settings.quiet or not self.primary)
         with interrupts.deferred_stops(deadline) as stops, progress, \
                 contextlib.closing(metrics_log), contextlib.closing(updates):
+            programs_ahead = 0 if finished else self.log_compiled(
+                compiled_before, ahead_seconds, start_step, metrics_log)
             if finished:
                 stops.stop_early()
-            else:
-                self.log_compiled(compiled_before, ahead_seconds, start_step, metrics_log)
             while step < settings.steps and not stops.agreed(step):
                 began, began_cpu = time.time(), time.thread_time()  # the budget had time left
                 update = next(updates)
@@ -276,8 +276,7 @@ class TrainingRun:
             seconds_before_training=seconds_before_training,
             first_step_done=late.first_step_done, stopped_by=stops.stopped_by(),
             host_seconds=host_seconds, data_bytes=self.data.split_bytes("train"))
-        log(f"trained {report['steps']} steps at {report['tgt_tokens_per_s']:,.0f} real target "
-            f"tokens/s; compiling: {report['compiled']}")
+        self.log_trained(report, programs_ahead)
         return state, report
 
     def after_step(self, state, step: int, data_state: dict, late: LateMetrics, outputs,
@@ -308,18 +307,32 @@ class TrainingRun:
         return state, batches
 
     def log_compiled(self, compiled_before, ahead_seconds: float, start_step: int,
-                     metrics_log: MetricsLog) -> None:
+                     metrics_log: MetricsLog) -> int:
         """What compiling took, printed and (with a fine-tuning run's starting scores, at
-        step 0) written to the metrics log."""
+        step 0) written to the metrics log; returns the programs compiled or loaded."""
         compiled = compiling.CompileCounter.since(compiled_before)  # once stops are deferred
-        log(f"compiled in {ahead_seconds:.1f} s: {compiled['programs']} programs compiled, "
-            f"{compiled['cache_hits']} loaded from the cache")
+        log(f"compiled in {ahead_seconds:.1f} s: {counted(compiled['programs'], 'program')} "
+            f"compiled, {compiled['cache_hits']} loaded from the cache")
         if self.start is not None and start_step == 0:  # the starting model, at step 0
             metrics_log.write(step=0, dev_loss=self.start["dev"]["loss"],
                               dev_nll=self.start["dev"]["nll"],
                               dev_perplexity=self.start["dev"]["perplexity"])
         if start_step < self.settings.train.steps:  # at the first step these programs train
             metrics_log.write(step=start_step + 1, compile_seconds=round(ahead_seconds, 2))
+        return compiled["programs"] + compiled["cache_hits"]
+
+    @staticmethod
+    def log_trained(report: dict, programs_ahead: int) -> None:
+        """The training's last line: its steps and speed, and the programs compiled or
+        loaded from the cache since it began, `programs_ahead` of them (log_compiled's)
+        before the first step and the rest when first needed (evaluations, translations)."""
+        compiled = report["compiled"]
+        programs = compiled["programs"] + compiled["cache_hits"]
+        log(f"trained {counted(report['steps'], 'step')} at {report['tgt_tokens_per_s']:,.0f} "
+            f"real target tokens/s; {counted(programs, 'program')} since training began "
+            f"({programs_ahead} before the first step, {programs - programs_ahead} when first "
+            f"needed): {compiled['programs']} compiled in {compiled['compile_seconds']:.1f} s, "
+            f"{compiled['cache_hits']} loaded from the cache")
 
     def write_metrics(self, late: LateMetrics, all_steps: bool, metrics_log: MetricsLog,
                       progress) -> float | None:
@@ -331,7 +344,7 @@ class TrainingRun:
                               tokens=m.tokens, tokens_per_s=round(m.tokens_per_s, 1),
                               elapsed=round(m.elapsed, 3))
             progress.set_postfix(loss=f"{m.loss:.3f}", lr=f"{m.lr:.2e}",
-                                 tok_s=f"{m.tokens_per_s:,.0f}")
+                                 tok_s=f"{m.tokens_per_s:,.0f}", refresh=False)
             progress.update(1)
         return read[-1].loss if read else None
 
@@ -391,7 +404,7 @@ class TrainingRun:
         with signals.signal_handlers(signals.exit_at_once(
                 f"stopped while compiling, before step {step + 1}; saved checkpoints "
                 "are intact; run the same command to resume")):
-            log(f"compiling {len(programs)} programs ahead of time ("
+            log(f"compiling {counted(len(programs), 'program')} ahead of time ("
                 + (f"cache {self.compile_cache})" if self.compile_cache else "no cache)"))
             return compiling.compile_ahead(programs, log)
 

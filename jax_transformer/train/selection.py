@@ -4,9 +4,15 @@ it ends with: the best checkpoint by a dev metric (--keep-best), early stopping
 last --average-last checkpoints).
 
 The best checkpoint is orbax's own bookkeeping: every evaluation saves a checkpoint
-with its dev metrics, and the checkpoint manager keeps the newest --keep ones plus the
-best one (`kept_checkpoints`). Patience counts evaluations in metrics.jsonl, which a
-resumed run has up to its step, so a run stopped by it and run again stops at once.
+with its dev metrics and its step, and the checkpoint manager keeps the newest --keep ones
+plus the best one (`kept_checkpoints`). Patience counts evaluations in metrics.jsonl, which
+a resumed run has up to its step, so a run stopped by it and run again stops at once.
+
+One rule for ties, in both: the earliest best. An evaluation that only equals the best
+is no improvement (Patience counts it against --patience, as Keras, Hugging Face's
+Trainer and Marian count it), so the best is the first step that reached the score,
+the model with fewer updates for the same result, and the step the patience line names
+is the step --export best exports.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from jax_transformer.train.records.workdir import metrics_records
 from jax_transformer.train.settings import BEST_METRICS, TrainSettings
 from jax_transformer.train.runtime import sharding
 from transformer_core.averaging import ParameterMean
+from transformer_core.errors import counted
 
 
 def kept_checkpoints(keep: int, best: str | None) -> dict:
@@ -31,13 +38,19 @@ def kept_checkpoints(keep: int, best: str | None) -> dict:
     checkpoints saved with metrics: those of evaluations)."""
     if best is None:
         return dict(max_to_keep=keep)
-    metric = lambda metrics: metrics[best]  # noqa: E731
     lower_is_better = BEST_METRICS[best] == "min"
+
+    def rank(metrics: dict) -> tuple:
+        """The sort key orbax ranks by, the best last: the metric, then, among equal
+        values, the earlier step (a checkpoint saved without its step ranks as step 0)."""
+        step = metrics.get("step", 0)
+        return metrics[best], step if lower_is_better else -step
+
     return dict(
-        best_fn=metric, best_mode=BEST_METRICS[best],
+        best_fn=rank, best_mode=BEST_METRICS[best],
         preservation_policy=preservation_policy.AnyPreservationPolicy([
             preservation_policy.LatestN(n=keep),
-            preservation_policy.BestN(get_metric_fn=metric, reverse=lower_is_better, n=1,
+            preservation_policy.BestN(get_metric_fn=rank, reverse=lower_is_better, n=1,
                                       keep_checkpoints_without_metrics=False)]))
 
 
@@ -55,6 +68,8 @@ class Patience:
                     self.add(record["step"], record[metric])
 
     def add(self, step: int, value: float) -> None:
+        """Count an evaluation: a new best only when strictly better (the earliest best
+        stands on a tie)."""
         if self.best is None or (value < self.best if BEST_METRICS[self.metric] == "min"
                                  else value > self.best):
             self.best, self.best_step, self.since = value, step, 0
@@ -65,8 +80,9 @@ class Patience:
         return self.patience is not None and self.since >= self.patience
 
     def reason(self) -> str:
-        return (f"--patience {self.patience}: {self.metric} has not improved for {self.since} "
-                f"evaluations (best {self.best:.4g} at step {self.best_step})")
+        return (f"--patience {self.patience}: {self.metric} has not improved for "
+                f"{counted(self.since, 'evaluation')} (best {self.best:.4g} at step "
+                f"{self.best_step})")
 
 
 class Policy:

@@ -182,7 +182,7 @@ def test_a_damaged_compile_cache_entry_is_replaced_with_one_warning(tmp_path):
         f"warning: --compile-cache {cache}: removed 1 damaged entry for jit__train_step "
         "(error: Error -5 while decompressing data: incomplete or truncated stream); this run "
         "compiles it and keeps it afresh"], damaged.stderr
-    assert "1 programs compiled" in damaged.stderr
+    assert "1 program compiled" in damaged.stderr
     again = train(tmp_path / "third", "--steps", "1", "--compile-cache", cache)
     assert again.returncode == 0 and cache_lines(again.stderr) == [], again.stderr[-3000:]
     assert "0 programs compiled, 2 loaded from the cache" in again.stderr

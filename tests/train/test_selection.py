@@ -187,3 +187,31 @@ def test_the_paper_presets_translate_the_test_set_with_beam_4_and_alpha_0_6():
         settings = parse_args(["--preset", preset]).train
         assert (settings.beam, settings.alpha) == (beam, 0.6), preset
     assert parse_args(["--preset", "base", "--beam", "2"]).train.beam == 2
+
+
+@pytest.mark.parametrize("metric, scores", [("dev_bleu", [5.0, 5.0, 1.0]),
+                                            ("dev_loss", [2.0, 2.0, 3.0])])
+def test_a_tie_keeps_and_exports_the_earliest_best_as_patience_counts_it(tmp_path, metric,
+                                                                         scores):
+    """Steps 10 and 20 equally good: --patience names step 10 as the best, so the
+    checkpoint kept and exported as the best is step 10's. Before: patience said "best
+    at step 10", --export best exported checkpoint 20, and "1 evaluations"."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jax_transformer.train.checkpoints import Checkpointer
+    from jax_transformer.train.selection import Patience
+    from jax_transformer.train.step import TrainState
+    checkpointer = Checkpointer(tmp_path, keep=1, async_save=False, best=metric)
+    patience = Patience(metric, 2, tmp_path / "metrics.jsonl")
+    for step, score in zip((10, 20, 30), scores):
+        state = TrainState(step=jnp.asarray(step), params=nnx.State({"w": jnp.zeros(2)}),
+                           rngs=nnx.State({}), opt_state=())
+        checkpointer.save(state, {}, metrics={metric: score})
+        patience.add(step, score)
+        if step == 20:
+            assert "has not improved for 1 evaluation (best" in patience.reason()
+    checkpointer.wait()
+    assert patience.best_step == checkpointer.best_step() == 10
+    assert complete_steps(tmp_path) == [10, 30]  # the best beside the newest (--keep 1)
+    assert patience.reason().endswith(f"2 evaluations (best {scores[0]:.4g} at step 10)")

@@ -86,12 +86,20 @@ def test_tensorboard_holds_every_metric_at_its_global_step(reference_run):
 def test_the_progress_line_names_the_label_smoothed_loss_and_the_nll(tmp_path):
     """Before: `step 6: train loss 4.3450, dev loss 4.3113, dev perplexity 57.226`: the
     loss is label-smoothed and the perplexity exp of the nll, which was shown nowhere (a
-    converged run printed "dev loss 1.271, dev perplexity 1.301")."""
-    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *TINY,
-                             "--steps", "6"], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    [line] = [line for line in result.stderr.splitlines() if line.startswith("step 6: ")]
+    converged run printed "dev loss 1.271, dev perplexity 1.301"). With the progress bar
+    on (no --quiet) and stderr not a terminal, the log is lines: a progress line at most
+    every 30 s, none in a run this short but for one when training outlasts 30 s under
+    load. Before: a carriage-return update of the bar at every step and around every
+    line printed."""
+    flags = [flag for flag in TINY if flag != "--quiet"]
+    result = subprocess.run([sys.executable, "train.py", "--workdir", str(tmp_path), *flags,
+                             "--steps", "6"], cwd=REPO_ROOT, capture_output=True,
+                            timeout=300)  # bytes: text mode would read "\r" as a line end
+    stderr = result.stderr.decode()
+    assert result.returncode == 0, stderr[-3000:]
+    assert "\r" not in stderr, stderr[-3000:]
+    assert len([line for line in stderr.splitlines() if line.startswith("train:")]) <= 2
+    [line] = [line for line in stderr.splitlines() if line.startswith("step 6: ")]
     [train] = [r["loss"] for r in records(tmp_path) if r["step"] == 6 and "loss" in r]
     [dev] = [r for r in records(tmp_path) if "dev_loss" in r]
     assert line.startswith(
