@@ -7,16 +7,13 @@
 the key the layer takes from its nnx stream, so the same key gives the same mask
 and a resumed run draws the masks it would have drawn:
 - plain, `keep_mask_threefry`: nnx.Dropout's own draw (bernoulli with the
-  stream's threefry key), the default on GPU and TPU.
+  stream's threefry key), the default on TPU.
 - tuned, `keep_mask_hash`: a counter hash. Each element's flat index is mixed
   with 64 bits drawn from that key by two rounds of murmur3's finaliser and
   compared with a threshold: P(keep) = keep_prob to 2^-32. It is element-wise,
   so XLA fuses it into the mask's consumers and no random bits are written to
   memory (threefry's are, on XLA:CPU). Other masks from the same distribution;
-  the default on XLA:CPU, where it made the race's training step 20% faster
-  (docs/performance.md). On GPU and TPU it is unmeasured, and off
-  (switch.py); `benchmarks/bench_train.py --frameworks jax jax_hash_dropout`
-  measures it there.
+  the default on CPU and GPU (switch.py says where, docs/performance.md why).
 
 `Dropout` is nnx.Dropout with its mask from `draw_keep_mask`; `keep_mask` gives
 that mask, for layers that apply it themselves. With the plain generator its

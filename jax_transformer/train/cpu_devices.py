@@ -4,8 +4,8 @@ XLA:CPU runs one program on one device, and shares each op's work among the
 cores; between the large matmuls a 2-core machine runs transposes, soft-maxes
 and masks at a fraction of both cores. Split into two devices, each core runs its
 half of the batch's rows through the whole step, and the gradients are summed
-across them (data parallel, the same maths): the race's training step ran 12%
-faster on 2 cores (docs/performance.md, "Two devices on a CPU").
+across them (data parallel, the same maths), which is faster on 2 cores
+(docs/performance.md, "Two devices on a CPU").
 
     split_cpu(settings)   before JAX starts its backends: the split (none on other
                           backends, whose devices are their chips)

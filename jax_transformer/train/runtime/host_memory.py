@@ -4,10 +4,9 @@ XLA:CPU allocates a step's buffers when it runs it and frees them at its end.
 glibc's malloc hands large blocks straight back to the kernel: blocks over
 its mmap threshold (at most 32 MB), every block too large for a thread's own
 arena (XLA's threads allocate there), and the heap's free top. The next step
-faults the same memory in again, page by page, each page zeroed by the kernel.
-In the race's step (2 devices, 1.1 s) that was 224k page faults and 0.33 s of
-kernel time per step; with the memory kept, 56k and 0.085 s, and the step 15%
-faster (docs/performance.md, "Host memory").
+faults the same memory in again, page by page, each page zeroed by the kernel:
+kernel time in every step that keeping the memory saves (docs/performance.md,
+"Host memory").
 
     keep_freed_memory()   before JAX starts its threads: glibc keeps what is freed
 
@@ -15,15 +14,13 @@ It sets, through mallopt, what GLIBC_TUNABLES would name glibc.malloc.arena_max=
 (every thread allocates from the main heap), mmap_max=0 (no block mapped on its
 own) and a 2 GiB trim_threshold (the heap's free top kept). The process's
 resident memory then stays at its peak instead of shrinking between steps, and
-the one heap's holes raise that peak: 3.4 GiB in the race's step instead of 1.7.
+the one heap's holes raise that peak.
 It does nothing where the C library is not glibc, where GLIBC_TUNABLES already
 sets malloc, with JAX_TRANSFORMER_KEEP_FREED_MEMORY=0, or where JAX will run on an
 accelerator (JAX_PLATFORMS names one first, or, unset, a plugin for one is
 installed): a GPU's or TPU's step buffers are device memory, and the one heap
-slows every thread that allocates at once. XLA's compiles do: the base model's
-scanned train step took 11.9 s to compile on 2 CPU cores against 8.0 s without
-these settings (medians of 5 alternating runs), and train.py's compiles on an
-H200 took 56.7 s against 17.3 s before this module existed.
+slows every thread that allocates at once, as XLA's compiles do (docs/performance.md
+has the figures).
 """
 
 from __future__ import annotations

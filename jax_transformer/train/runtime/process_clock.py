@@ -4,7 +4,8 @@
                         elsewhere: from this module's import
 
 train.py reports its first step from there (eval.json's
-training.first_step_done_seconds), and the race's peer reports its own the same way.
+training.first_step_done_seconds), so a comparison with another program that does the
+same counts both from their starts.
 """
 
 from __future__ import annotations
