@@ -62,7 +62,7 @@ def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 @dataclasses.dataclass(frozen=True)
-class Chosen:
+class DefaultChoosers:
     """What the command line says before its flags are parsed, because other flags'
     defaults come from it: --preset and --layers, the task, and the --init-from
     checkpoint (read and checked once) or the corpus settings --data DIR was prepared
@@ -74,7 +74,7 @@ class Chosen:
     prepared: dict | None
 
 
-def pre_parse(argv=None) -> Chosen:
+def pre_parse(argv=None) -> DefaultChoosers:
     """The one pre-parse of the command line (bad values wait for the full parser)."""
     p = add_default_choosers(parsing.ArgumentParser(prog="jaxformer-train", add_help=False))
     for flag in ("--task", "--init-from", "--data"):
@@ -85,7 +85,7 @@ def pre_parse(argv=None) -> Chosen:
                                   os.path.join(known.data, MANIFEST)) if known.data else None)
     default_task = (init.task if init and init.task else
                     prepared["task"] if prepared else "translate")
-    return Chosen(known.preset, known.layers, known.task or default_task, init, prepared)
+    return DefaultChoosers(known.preset, known.layers, known.task or default_task, init, prepared)
 
 
 class SettingsParser(parsing.OneLineErrors, ArgumentParser):
@@ -136,7 +136,7 @@ class HelpFormatter(SimpleHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser(argv=None, chosen: Chosen | None = None) -> ArgumentParser:
+def build_parser(argv=None, chosen: DefaultChoosers | None = None) -> ArgumentParser:
     """train.py's command line, generated from the settings dataclasses; the defaults of
     the model flags come from --preset (and --layers), --steps' from --task; with
     --init-from DIR, the model flags', --task's and --max-len's from DIR's config and

@@ -9,7 +9,7 @@ logs every failed write task again ("Task exception was never retrieved"), reads
 in flight report `Event loop is closed` as unraisable errors, and then the error
 is raised in the main thread: over a thousand lines. `quiet_echoes()` drops those
 echoes, and only those (records whose error is a full disk or a refused write);
-`stopped` turns the error the run itself gets into one DiskFull or WritesRefused line.
+`disk_fault` turns the error the run itself gets into one DiskFull or WritesRefused line.
 
 A checkpoints directory that refuses writes (made read-only: `chattr +i`, a read-only
 remount, its permissions) fails orbax's save where it makes the step's temporary
@@ -126,8 +126,8 @@ def quiet_echoes(workdir: Path) -> None:
             logger.addFilter(_FILTER)
 
 
-def stopped(workdir: Path, checkpointer: Checkpointer | None,
-            error: BaseException) -> RunFailed | None:
+def disk_fault(workdir: Path, checkpointer: Checkpointer | None,
+               error: BaseException) -> RunFailed | None:
     """The error that ends a run `error` stopped, if it is a full disk (DiskFull) or a
     write refused under WORKDIR/checkpoints (WritesRefused): it says so, where, and which
     checkpoint a resume starts from; None for any other error. Saves still in flight are
@@ -153,7 +153,7 @@ def stopped(workdir: Path, checkpointer: Checkpointer | None,
 
 
 def save_threads_waiting() -> bool:
-    """Whether a run this process ran stopped on its disk (`stopped`), leaving threads
+    """Whether a run this process ran stopped on its disk (`disk_fault`), leaving threads
     the interpreter's exit waits for (not daemons): the writers of the save that failed,
     which wait minutes for orbax's timeout (see the module's text)."""
     return _FILTER.run_stopped and any(

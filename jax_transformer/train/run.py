@@ -39,7 +39,7 @@ from jax_transformer.train.resume import FINGERPRINT, check_run_settings, record
 from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
                                            sharding, signals)
 from jax_transformer.train.settings import RunSettings, default_compile_cache
-from jax_transformer.train.step import build_trainer, scans
+from jax_transformer.train.step import build_trainer, layers_scanned
 from jax_transformer.train.task import TASKS
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
@@ -90,18 +90,17 @@ class TrainingRun:
         try:
             return self._run()
         except Exception as error:
-            stopped = disk_full.stopped(Path(self.settings.train.workdir),
-                                        getattr(self, "checkpointer", None), error)
-            if stopped is None:
+            fault = disk_full.disk_fault(Path(self.settings.train.workdir),
+                                         getattr(self, "checkpointer", None), error)
+            if fault is None:
                 raise
-            raise stopped from None
+            raise fault from None
 
-    def cache_deadlocks(self) -> bool:
-        """Whether this run's programs must not come from the compilation cache, said in
-        one line: with --fsdp on the CPU, a step that XLA:CPU (jaxlib 0.10.2) loads from
-        the cache can deadlock in its devices' collectives until XLA aborts the process
-        (a scanned 2+2-layer model at --fsdp 4 on 8 devices, 20 steps: 8 of 9 runs
-        loaded from the cache, none of those compiled afresh)."""
+    def compile_cache_unsafe(self) -> bool:
+        """Whether this run's programs must not come from the compilation cache, and if
+        so, a line in the log that says why: with --fsdp on the CPU, a step that XLA:CPU
+        (jaxlib 0.10.2) loads from the cache can deadlock in its devices' collectives
+        until XLA aborts the process (docs/training.md, --fsdp)."""
         settings = self.settings.train
         if settings.fsdp == 1 or settings.compile_cache is None or jax.default_backend() != "cpu":
             return False
@@ -112,7 +111,7 @@ class TrainingRun:
     def _run(self) -> dict:
         settings = self.settings.train
         self.compile_cache = compiling.use_compilation_cache(
-            None if self.cache_deadlocks() else settings.compile_cache, warn=log,
+            None if self.compile_cache_unsafe() else settings.compile_cache, warn=log,
             default=default_compile_cache())
         compiling.CompileCounter.start()
         self.primary = jax.process_index() == 0  # writes the run's files, holds the lock
@@ -174,7 +173,7 @@ class TrainingRun:
         num_params = sum(p.size for p in jax.tree.leaves(self.trainer.initial_state.params))
         layers = (f"{config.num_encoder_layers}+{config.num_decoder_layers}"
                   if config.architecture == "encoder_decoder" else config.num_decoder_layers)
-        scan = " (scanned)" if scans(settings) else ""
+        scan = " (scanned)" if layers_scanned(settings) else ""
         log(f"model: {config.architecture}, {num_params / 1e6:.2f}M parameters, d_model "
             f"{config.d_model}, {layers} layers{scan}, {settings.dtype} compute, "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s)")

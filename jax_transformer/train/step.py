@@ -140,7 +140,7 @@ def build_trainer(config, settings, weights: dict | None = None) -> Trainer:
                         param_dtype=jnp.float32)
     if weights is not None:
         load_torch_state_dict(model, weights)
-    if scans(settings):
+    if layers_scanned(settings):
         scanned.scan_layers(model, settings.scan_unroll)
     schedule = make_schedule(settings, config.d_model)
     optimizer = make_optimizer(schedule, settings.clip_norm)
@@ -150,13 +150,12 @@ def build_trainer(config, settings, weights: dict | None = None) -> Trainer:
                    mesh=sharding.make_mesh(settings.fsdp), schedule=schedule)
 
 
-def scans(settings) -> bool:
+def layers_scanned(settings) -> bool:
     """Whether the layer stacks run as a scan: --scan-layers, whose "auto" follows the
     backend and scans whenever --fsdp splits the weights. With --fsdp, each layer's
     gradients are reduced inside the scan's loop; looped layers leave XLA's CPU
     compiler free to merge every layer's reduction into one at the step's end, with
-    all the whole gradients alive (M2M100's shape at 4+4 layers, --fsdp 8 on 8 CPU
-    devices: 1.9 GiB of temporaries a device looped, 1.1 GiB scanned)."""
+    all the whole gradients alive (docs/training.md, --fsdp)."""
     if settings.scan_layers == "auto" and settings.fsdp > 1:
         return True
     return scanned.scan_wanted(settings.scan_layers, jax.default_backend())

@@ -353,9 +353,9 @@ def test_refused_checkpoint_writes_name_the_checkpoint_a_resume_starts_from(tmp_
     for step in ("4", "8.orbax-checkpoint-tmp"):
         (workdir / "checkpoints" / step).mkdir(parents=True)
     with warnings.catch_warnings():
-        assert disk_full.stopped(workdir, None, ValueError("another error")) is None
+        assert disk_full.disk_fault(workdir, None, ValueError("another error")) is None
         assert not disk_full._FILTER.run_stopped
-        error = disk_full.stopped(workdir, None, raised_from(
+        error = disk_full.disk_fault(workdir, None, raised_from(
             refused(f"{workdir}/checkpoints/8.orbax-checkpoint-tmp")))
     assert isinstance(error, disk_full.WritesRefused)
     assert str(error) == (
@@ -379,7 +379,7 @@ def test_a_run_its_disk_stopped_leaves_past_the_threads_of_its_failed_save(tmp_p
 
     def train(argv):
         writer.start()
-        raise disk_full.stopped(tmp_path, None, refused(f"{tmp_path}/checkpoints/8.orbax-"
+        raise disk_full.disk_fault(tmp_path, None, refused(f"{tmp_path}/checkpoints/8.orbax-"
                                                         "checkpoint-tmp"))
 
     monkeypatch.setattr(train_command, "train", train)

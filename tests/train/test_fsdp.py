@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from jax_transformer.train.runtime.sharding import fsdp_spec, make_mesh
-from jax_transformer.train.step import scans
+from jax_transformer.train.step import layers_scanned
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 from transformer_core.errors import TrainError
 
 # No compilation cache: XLA:CPU programs with --fsdp's collectives, loaded from it, can
-# deadlock (train.py turns it off for them: TrainingRun.cache_deadlocks).
+# deadlock (train.py turns it off for them: TrainingRun.compile_cache_unsafe).
 EIGHT_DEVICES = {**{k: v for k, v in os.environ.items()
                     if k not in ("JAX_NUM_CPU_DEVICES", "JAX_COMPILATION_CACHE_DIR")},
                  "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
@@ -42,10 +42,10 @@ def test_fsdp_must_divide_the_devices():
 
 def test_auto_scans_the_layers_with_fsdp(tmp_path):
     """--scan-layers auto is off on the CPU, but on with --fsdp: the layers' gradients
-    are then reduced one layer at a time, inside the scan (step.scans)."""
-    assert not scans(tiny_settings(tmp_path)[2])
-    assert scans(tiny_settings(tmp_path, "--fsdp", "2")[2])
-    assert not scans(tiny_settings(tmp_path, "--fsdp", "2", "--scan-layers", "off")[2])
+    are then reduced one layer at a time, inside the scan (step.layers_scanned)."""
+    assert not layers_scanned(tiny_settings(tmp_path)[2])
+    assert layers_scanned(tiny_settings(tmp_path, "--fsdp", "2")[2])
+    assert not layers_scanned(tiny_settings(tmp_path, "--fsdp", "2", "--scan-layers", "off")[2])
 
 
 SCRIPT = textwrap.dedent("""
