@@ -3,8 +3,9 @@
 - Round trip: a random transformers MarianMTModel, saved, imported (--from hf-marian)
   and exported again gives back every tensor bit for bit, loads with no missing or
   unexpected key, and keeps the config fields that define the model.
-- Ours -> Marian: a random torch_reference model gives its logits (float32, 1e-4) and
-  greedy tokens in MarianMTModel; MarianTokenizer encodes to our ids and decodes back.
+- Ours -> Marian: a random torch_reference model, with either sinusoid layout train.py
+  makes, gives its logits (float32, 1e-5) and greedy tokens in MarianMTModel, and imported
+  back, its logits; MarianTokenizer encodes to our ids and decodes back.
 - A model trained by train.py (--position-layout half_split), converted from its orbax
   checkpoint and exported, gives our decoders' greedy and beam tokens in `generate`.
 - Models Marian cannot compute are refused, naming the field.
@@ -120,6 +121,13 @@ OURS = {
                             scale_embeddings=False, activation="relu"),
     "separate-tied-bias": dict(share_embeddings=False, tgt_vocab_size=90, output_bias=True),
     "odd-width": dict(d_model=21, num_heads=7, d_ff=11, output_bias=True),
+    # train.py's default model: the paper's sinusoids, exported with their columns reordered
+    "interleaved": dict(position_layout="interleaved", activation="relu"),
+    "interleaved-odd-width-untied-bias": dict(position_layout="interleaved", d_model=21,
+                                              num_heads=7, d_ff=11, tie_output=False,
+                                              output_bias=True),
+    "interleaved-separate-tied-bias": dict(position_layout="interleaved", share_embeddings=False,
+                                           tgt_vocab_size=90, output_bias=True),
 }
 
 
@@ -138,7 +146,7 @@ def save_ours(directory, config, seed=0, tokenizer=None):
 
 
 @pytest.mark.parametrize("variant", fast_tier(OURS, fast={"tied-no-bias", "separate-untied",
-                                                          "odd-width"}))
+                                                          "odd-width", "interleaved"}))
 def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
     config = EXPORTABLE.replace(**OURS[variant])
     ours = save_ours(tmp_path / "ours", config)
@@ -152,7 +160,7 @@ def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
             return ours(torch.as_tensor(s), torch.as_tensor(t)).numpy()
 
     want, got = our_logits(src, tgt), hf_logits_fn(hf, PAD)(src, tgt)
-    assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
+    assert np.abs(got - want).max() <= 1e-5, np.abs(got - want).max()
     # From labels, MarianMTModel builds the decoder input with config.decoder_start_token_id.
     labels = torch.as_tensor(np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), EOS)], axis=1))
     with torch.no_grad():
@@ -167,6 +175,24 @@ def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
     hf_tokens = hf.generate(input_ids=src_t, attention_mask=src_t != PAD, do_sample=False)
     assert [first_sentence(r[1:]) for r in hf_tokens.tolist()] == [
         first_sentence(r) for r in tokens.tolist()]
+
+
+@pytest.mark.parametrize("variant", fast_tier(OURS, fast={"interleaved"}))
+def test_an_export_imports_back_as_the_same_model(tmp_path, variant):
+    """Ours -> Marian -> ours: a half_split model (whatever the layout it had) whose
+    logits are the original's."""
+    config = EXPORTABLE.replace(**OURS[variant])
+    ours = save_ours(tmp_path / "ours", config)
+    export(tmp_path / "ours", tmp_path / "hf")
+    assert port_command.main(["--from", "hf-marian", str(tmp_path / "hf"),
+                              str(tmp_path / "back")]) == 0
+    back = torch_reference.Transformer.from_pretrained(tmp_path / "back").eval()
+    assert back.config.position_layout == "half_split"
+    src = torch.as_tensor(source_batch(config.src_vocab_size, PAD, EOS))
+    tgt = torch.as_tensor(target_batch(config.tgt_vocab_size, BOS))
+    with torch.no_grad():
+        diff = (back(src, tgt) - ours(src, tgt)).abs().max().item()
+    assert diff <= 1e-5, diff
 
 
 def test_tokenizer_loads_in_transformers_with_our_ids(tmp_path):
@@ -222,7 +248,7 @@ def save_zeros(directory, config, tokenizer=None):
 
 
 @pytest.mark.parametrize("change, field", [
-    (dict(position_layout="interleaved"), "position_layout"),
+    (dict(position_layout="fairseq"), "position_layout"),
     (dict(pre_norm=True), "pre_norm"),
     (dict(final_norm=True), "final_norm"),
     (dict(pre_norm=True, final_norm=True), "pre_norm"),
