@@ -6,8 +6,9 @@
 - Ours -> Marian: a random torch_reference model, with either sinusoid layout train.py
   makes, gives its logits (float32, 1e-5) and greedy tokens in MarianMTModel, and imported
   back, its logits; MarianTokenizer encodes to our ids and decodes back.
-- A model trained by train.py (--position-layout half_split), converted from its orbax
-  checkpoint and exported, gives our decoders' greedy and beam tokens in `generate`.
+- A model trained by train.py (its default, interleaved sinusoids), converted from its
+  orbax checkpoint and exported, gives our greedy tokens on 50 sentences, our Flax
+  model's logits (float32, 1e-4) and our beam tokens in `generate`.
 - Models Marian cannot compute are refused, naming the field.
 """
 
@@ -26,7 +27,7 @@ import torch_reference.decoding
 from jax_transformer import port
 from jax_transformer.commands import port as port_command
 from transformer_core.marian_tokenizer import MarianTokenizer
-from parity_tests.helpers import fast_tier
+from parity_tests.helpers import fast_tier, number_sentences
 from parity_tests.test_port import (make_marian, marian_config, perturb_, source_batch,
                                     target_batch)
 from transformer_core import checkpoint_dir
@@ -334,7 +335,7 @@ def test_trained_model_generates_our_tokens(trained):
     from jax_transformer.model import Transformer as FlaxTransformer
     ours_dir, hf_dir = trained
     hf_tok = transformers.MarianTokenizer.from_pretrained(hf_dir)
-    batch = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    batch = hf_tok(number_sentences(50), padding=True, return_tensors="pt")
     src = batch["input_ids"].numpy()
     flax_model = FlaxTransformer.from_pretrained(ours_dir)
     hf = load_hf(hf_dir)
@@ -354,6 +355,8 @@ def test_trained_model_generates_our_tokens(trained):
     hf_logits = hf_logits_fn(hf, PAD)(src, tgt)
     assert np.abs(hf_logits - flax_logits).max() <= 1e-4, np.abs(hf_logits - flax_logits).max()
 
+    batch = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    src = batch["input_ids"].numpy()
     for beam in (2, 4):
         tokens, scores = decoding.beam_search(flax_model, src, max_len=MAX_LEN, beam_size=beam,
                                               alpha=0.0)
