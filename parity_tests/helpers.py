@@ -101,6 +101,13 @@ def to_torch(array, dtype: torch.dtype | None = None) -> torch.Tensor:
 SCANNING = [pytest.param(False, id="loop"), pytest.param(True, id="scan")]
 
 
+def number_sentences(count: int) -> list[str]:
+    """`count` English number words, none of them special (the built-in corpus's source side)."""
+    from num2words import num2words
+    rng = np.random.default_rng(29)
+    return [num2words(int(n)) for n in rng.choice(10_000, size=count, replace=False)]
+
+
 def fast_tier(values, fast) -> list:
     """`values` as pytest parameters, all but those in `fast` marked slow: the fast
     tier (pytest -m "not slow") keeps a few cases of each check, the full suite all."""

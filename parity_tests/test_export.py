@@ -3,10 +3,12 @@
 - Round trip: a random transformers MarianMTModel, saved, imported (--from hf-marian)
   and exported again gives back every tensor bit for bit, loads with no missing or
   unexpected key, and keeps the config fields that define the model.
-- Ours -> Marian: a random torch_reference model gives its logits (float32, 1e-4) and
-  greedy tokens in MarianMTModel; MarianTokenizer encodes to our ids and decodes back.
-- A model trained by train.py (--position-layout half_split), converted from its orbax
-  checkpoint and exported, gives our decoders' greedy and beam tokens in `generate`.
+- Ours -> Marian: a random torch_reference model, with either sinusoid layout train.py
+  makes, gives its logits (float32, 1e-5) and greedy tokens in MarianMTModel, and imported
+  back, its logits; MarianTokenizer encodes to our ids and decodes back.
+- A model trained by train.py (its default, interleaved sinusoids), converted from its
+  orbax checkpoint and exported, gives our greedy tokens on 50 sentences, our Flax
+  model's logits (float32, 1e-4) and our beam tokens in `generate`.
 - Models Marian cannot compute are refused, naming the field.
 """
 
@@ -25,8 +27,8 @@ import torch_reference.decoding
 from jax_transformer import port
 from jax_transformer.commands import port as port_command
 from transformer_core.marian_tokenizer import MarianTokenizer
-from parity_tests.helpers import (fast_tier, load_hf, make_marian, marian_config, perturb_,
-                                  source_batch, target_batch)
+from parity_tests.helpers import (fast_tier, load_hf, make_marian, marian_config,
+                                  number_sentences, perturb_, source_batch, target_batch)
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
@@ -111,6 +113,13 @@ OURS = {
                             scale_embeddings=False, activation="relu"),
     "separate-tied-bias": dict(share_embeddings=False, tgt_vocab_size=90, output_bias=True),
     "odd-width": dict(d_model=21, num_heads=7, d_ff=11, output_bias=True),
+    # train.py's default model: the paper's sinusoids, exported with their columns reordered
+    "interleaved": dict(position_layout="interleaved", activation="relu"),
+    "interleaved-odd-width-untied-bias": dict(position_layout="interleaved", d_model=21,
+                                              num_heads=7, d_ff=11, tie_output=False,
+                                              output_bias=True),
+    "interleaved-separate-tied-bias": dict(position_layout="interleaved", share_embeddings=False,
+                                           tgt_vocab_size=90, output_bias=True),
 }
 
 
@@ -129,7 +138,7 @@ def save_ours(directory, config, seed=0, tokenizer=None):
 
 
 @pytest.mark.parametrize("variant", fast_tier(OURS, fast={"tied-no-bias", "separate-untied",
-                                                          "odd-width"}))
+                                                          "odd-width", "interleaved"}))
 def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
     config = EXPORTABLE.replace(**OURS[variant])
     ours = save_ours(tmp_path / "ours", config)
@@ -143,7 +152,7 @@ def test_our_model_computes_the_same_in_transformers(tmp_path, variant):
             return ours(torch.as_tensor(s), torch.as_tensor(t)).numpy()
 
     want, got = our_logits(src, tgt), hf_logits_fn(hf, PAD)(src, tgt)
-    assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
+    assert np.abs(got - want).max() <= 1e-5, np.abs(got - want).max()
     # From labels, MarianMTModel builds the decoder input with config.decoder_start_token_id.
     labels = torch.as_tensor(np.concatenate([tgt[:, 1:], np.full((len(tgt), 1), EOS)], axis=1))
     with torch.no_grad():
@@ -187,6 +196,24 @@ def test_generate_takes_the_callers_length_bound_without_a_warning(tmp_path):
         logging.getLogger("transformers").removeHandler(handler)
     assert said == [] and [str(w.message) for w in warned] == []
     assert new_tokens.shape[1] <= 1 + 3 and length.shape[1] <= 5
+
+
+@pytest.mark.parametrize("variant", fast_tier(OURS, fast={"interleaved"}))
+def test_an_export_imports_back_as_the_same_model(tmp_path, variant):
+    """Ours -> Marian -> ours: a half_split model (whatever the layout it had) whose
+    logits are the original's."""
+    config = EXPORTABLE.replace(**OURS[variant])
+    ours = save_ours(tmp_path / "ours", config)
+    export(tmp_path / "ours", tmp_path / "hf")
+    assert port_command.main(["--from", "hf-marian", str(tmp_path / "hf"),
+                              str(tmp_path / "back")]) == 0
+    back = torch_reference.Transformer.from_pretrained(tmp_path / "back").eval()
+    assert back.config.position_layout == "half_split"
+    src = torch.as_tensor(source_batch(config.src_vocab_size, PAD, EOS))
+    tgt = torch.as_tensor(target_batch(config.tgt_vocab_size, BOS))
+    with torch.no_grad():
+        diff = (back(src, tgt) - ours(src, tgt)).abs().max().item()
+    assert diff <= 1e-5, diff
 
 
 def test_tokenizer_loads_in_transformers_with_our_ids(tmp_path):
@@ -242,7 +269,7 @@ def save_zeros(directory, config, tokenizer=None):
 
 
 @pytest.mark.parametrize("change, field", [
-    (dict(position_layout="interleaved"), "position_layout"),
+    (dict(position_layout="fairseq"), "position_layout"),
     (dict(pre_norm=True), "pre_norm"),
     (dict(final_norm=True), "final_norm"),
     (dict(pre_norm=True, final_norm=True), "pre_norm"),
@@ -328,7 +355,7 @@ def test_trained_model_generates_our_tokens(trained):
     from jax_transformer.model import Transformer as FlaxTransformer
     ours_dir, hf_dir = trained
     hf_tok = transformers.MarianTokenizer.from_pretrained(hf_dir)
-    batch = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    batch = hf_tok(number_sentences(50), padding=True, return_tensors="pt")
     src = batch["input_ids"].numpy()
     flax_model = FlaxTransformer.from_pretrained(ours_dir)
     hf = load_hf(hf_dir)
@@ -348,6 +375,8 @@ def test_trained_model_generates_our_tokens(trained):
     hf_logits = hf_logits_fn(hf, PAD)(src, tgt)
     assert np.abs(hf_logits - flax_logits).max() <= 1e-4, np.abs(hf_logits - flax_logits).max()
 
+    batch = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    src = batch["input_ids"].numpy()
     for beam in (2, 4):
         tokens, scores = decoding.beam_search(flax_model, src, max_len=MAX_LEN, beam_size=beam,
                                               alpha=0.0)

@@ -20,7 +20,7 @@ import torch
 
 import torch_reference
 from jax_transformer.commands import port as port_command
-from parity_tests.helpers import fast_tier, perturb_
+from parity_tests.helpers import fast_tier, number_sentences, perturb_
 from transformer_core.config import TransformerConfig
 from transformer_core.tokenizer import Tokenizer
 
@@ -146,13 +146,6 @@ def test_a_checkpoint_without_our_tokenizer_is_refused(tmp_path, capsys):
 MAX_LEN = 24  # generated tokens, </s> included: our max_len, CTranslate2's max_decoding_length
 
 
-def sentences(count: int) -> list[str]:
-    """`count` English number words, none of them special (the built-in corpus's source side)."""
-    from num2words import num2words
-    rng = np.random.default_rng(29)
-    return [num2words(int(n)) for n in rng.choice(10_000, size=count, replace=False)]
-
-
 def until_eos(row, eos: int) -> list[int]:
     row = [int(i) for i in row]
     return row[: row.index(eos)] if eos in row else row
@@ -171,7 +164,7 @@ def test_a_trained_model_translates_alike_in_ctranslate2(trained_translator, tmp
     export(trained_translator, tmp_path / "ct2")
     model = FlaxTransformer.from_pretrained(trained_translator)
     tokenizer = Tokenizer(tmp_path / "ct2" / "tokenizer.model")
-    texts = sentences(100)
+    texts = number_sentences(100)
     sources = [tokenizer.encode_source(text) for text in texts]
     src = np.full((len(sources), max(map(len, sources))), model.config.pad_id, np.int32)
     for row, ids in enumerate(sources):

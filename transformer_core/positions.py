@@ -39,6 +39,13 @@ def sinusoidal_positions(length: int, d_model: int, layout: str) -> np.ndarray:
     return table  # (L, D)
 
 
+def half_split_order(d_model: int) -> np.ndarray:
+    """The interleaved layout's columns in half_split order, the even ones (sines) then
+    the odd ones (cosines): sinusoidal_positions(L, D, "half_split") equals
+    sinusoidal_positions(L, D, "interleaved")[:, half_split_order(D)]. (D,) int."""
+    return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
 def position_rows(config: TransformerConfig) -> np.ndarray:
     """What both models add to the embeddings under position_encoding "sinusoidal":
     row p is position p's sinusoid,

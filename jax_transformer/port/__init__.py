@@ -24,9 +24,10 @@ Every converter builds a TransformerConfig and a dict of torch-named numpy
 tensors and writes them with `checkpoint_dir.save_dir`, which checks every key
 and shape. Source values we cannot express are errors (PortError), never a
 quietly different model. The Marian export is marian.py inverted, with the same
-name table; a model Marian cannot compute (pre-LN, final norms, interleaved
-sinusoids, LayerNorm eps other than 1e-5) is a PortError naming the field, and so
-is one a CTranslate2 Translator cannot (a single stack, post-LN with final norms).
+name table (interleaved sinusoids written as the half_split model that computes the
+same); a model Marian cannot compute (pre-LN, final norms, fairseq's sinusoids,
+LayerNorm eps other than 1e-5) is a PortError naming the field, and so is one a
+CTranslate2 Translator cannot (a single stack, post-LN with final norms).
 """
 
 from jax_transformer.port.ctranslate2 import export_ctranslate2

@@ -11,7 +11,8 @@
 load it. A checkpoint that came from Marian (it holds source.spm + vocab.json) gets
 those files copied instead. A config Marian cannot compute is a PortError naming the
 field: MarianMTModel is post-LN, without final norms, with LayerNorm eps 1e-5 and
-half-split sinusoids; train.py makes such a model with `--position-layout half_split`.
+half-split sinusoids. A model with interleaved sinusoids (train.py's default) is written
+as the half-split model that computes the same function (`half_split_equivalent`).
 """
 
 from __future__ import annotations
@@ -32,29 +33,38 @@ from jax_transformer.port.options import Format
 from jax_transformer.port.reading import PortError
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
+from transformer_core.positions import half_split_order
 
 TARGETS = ("hf-marian",)
 HF_ACTIVATIONS = {ours: hf for hf, ours in ACTIVATIONS.items() if hf != "silu"}  # swish
 # What MarianMTModel computes, for the fields it cannot change.
-MARIAN_FIXED = {"pre_norm": False, "final_norm": False, "layer_norm_eps": 1e-5,
-                "position_layout": "half_split"}
-# Fields Marian expresses whatever their value (written into config.json below).
+MARIAN_FIXED = {"pre_norm": False, "final_norm": False, "layer_norm_eps": 1e-5}
+# Marian's sinusoids are half_split; interleaved ones are the same columns reordered.
+EXPORTED_LAYOUTS = ("half_split", "interleaved")
+# Fields Marian expresses, written into config.json below (position_layout: into the
+# weights' column order); activation and position_layout at the values checked below.
 MARIAN_FREE = {"src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff",
                "num_encoder_layers", "num_decoder_layers", "dropout", "max_len", "pad_id",
-               "bos_id", "eos_id", "activation", "scale_embeddings", "share_embeddings",
-               "tie_output", "output_bias", "init_std"}
+               "bos_id", "eos_id", "activation", "position_layout", "scale_embeddings",
+               "share_embeddings", "tie_output", "output_bias", "init_std"}
 # Fields of how a new model is drawn, which a trained model's weights no longer depend on.
 INITIALISATION = {"weight_init"}
+# Our modules that read the residual stream (d_model is their weight's input axis) and
+# those that add to it (their weight's output axis and their bias).
+READ_FROM_STREAM = {"W_q", "W_k", "W_v", "W_1", "output_projection"}
+WRITE_TO_STREAM = {"W_o", "W_2"}
 
 
 def check_marian_expressible(config: TransformerConfig) -> None:
     """Raise PortError, naming the field, unless MarianMTModel computes this model."""
     for name, value in MARIAN_FIXED.items():
         if getattr(config, name) != value:
-            hint = ("; train.py makes it with --position-layout half_split"
-                    if name == "position_layout" else "")
             raise PortError(f"cannot export to Marian: {name}={getattr(config, name)!r} "
-                            f"(MarianMTModel has {name}={value!r}{hint})")
+                            f"(MarianMTModel has {name}={value!r})")
+    if config.position_layout not in EXPORTED_LAYOUTS:
+        raise PortError(f"cannot export to Marian: position_layout={config.position_layout!r} "
+                        "(the export takes half_split, MarianMTModel's own, or interleaved, "
+                        "its columns reordered)")
     if config.activation not in HF_ACTIVATIONS:
         raise PortError(f"cannot export to Marian: activation={config.activation!r} "
                         f"(supported: {', '.join(sorted(HF_ACTIVATIONS))})")
@@ -105,6 +115,8 @@ def hf_marian_tensors(tensors: dict[str, np.ndarray],
     """Our torch-named tensors -> MarianMTModel's state dict, the keys save_pretrained
     writes: no sinusoid tables, no tied copies (for shared but untied embeddings,
     transformers keeps three tables, so all three are written)."""
+    if config.position_layout == "interleaved":
+        tensors = half_split_equivalent(tensors, config)
     out: dict[str, np.ndarray] = {}
     if config.share_embeddings:
         table = tensors["shared_embed.weight"]
@@ -128,6 +140,41 @@ def hf_marian_tensors(tensors: dict[str, np.ndarray],
         bias = np.zeros((config.tgt_vocab_size,), table.dtype)
     out["final_logits_bias"] = bias.reshape(1, -1)
     return out
+
+
+def half_split_equivalent(tensors: Mapping[str, np.ndarray],
+                          config: TransformerConfig) -> dict[str, np.ndarray]:
+    """The tensors (our torch names) of the half_split model that computes what
+    `config`'s interleaved model computes with `tensors`.
+
+    The two layouts hold the same sinusoids in other columns (`half_split_order`). Every
+    operation on the residual stream commutes with a permutation of its d_model axis, so
+    permuting that axis wherever a tensor has it gives a model whose stream is the
+    original's, permuted the same way: the token tables' columns (their sqrt(d_model)
+    scale is one number), a Linear's input columns where it reads the stream and its
+    output rows and bias where it adds to it, a LayerNorm's scale and bias (its mean and
+    variance are sums over the axis). The attention heads' query, key and value
+    dimensions, the feed-forward's inner width and the vocabulary are not on the stream
+    and keep their order. The logits are the same function of the input; in floating
+    point only the order in which sums over d_model add differs.
+    """
+    order = half_split_order(config.d_model)
+    permuted = {}
+    for key, value in tensors.items():
+        axis = _model_axis(key)
+        permuted[key] = value if axis is None else np.take(value, order, axis=axis)
+    return permuted
+
+
+def _model_axis(key: str) -> int | None:
+    """The d_model axis of our tensor `key` (torch layout), None where it has none."""
+    path, _, leaf = key.rpartition(".")
+    module = path.rpartition(".")[2]
+    if module.endswith("_norm") or module in WRITE_TO_STREAM:
+        return 0
+    if leaf == "weight" and (module.endswith("_embed") or module in READ_FROM_STREAM):
+        return 1
+    return None  # output_bias, the biases of Linears that read the stream
 
 
 def export_hf_marian(src_dir: str | Path, out_dir: str | Path) -> tuple[TransformerConfig, str]:

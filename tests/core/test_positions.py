@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_core.config import TransformerConfig
-from transformer_core.positions import position_rows, sinusoidal_positions
+from transformer_core.positions import half_split_order, position_rows, sinusoidal_positions
 
 
 @pytest.mark.parametrize("d_model", [16, 15])
@@ -35,3 +35,10 @@ def test_position_p_reads_row_p_plus_offset(layout):
     assert shifted.shape == (10, 16)
     np.testing.assert_array_equal(shifted, sinusoidal_positions(13, 16, layout)[3:])
     np.testing.assert_array_equal(shifted[:7], rows[3:])
+
+
+@pytest.mark.parametrize("d_model", [16, 15])
+def test_half_split_is_interleaved_with_its_columns_reordered(d_model):
+    interleaved = sinusoidal_positions(40, d_model, "interleaved")
+    np.testing.assert_array_equal(interleaved[:, half_split_order(d_model)],
+                                  sinusoidal_positions(40, d_model, "half_split"))

@@ -188,8 +188,8 @@ def test_a_run_args_json_from_before_the_config_vocabulary_resumes(tmp_path):
 
 
 def test_marian_flags_leave_the_default_model_and_old_runs_alone(tmp_path):
-    """--position-layout half_split (+ --activation silu) makes a model `port --to
-    hf-marian` exports; without them the model is the paper's, as before."""
+    """--position-layout half_split (+ --activation silu) makes Marian's own variant;
+    without them the model is the paper's, as before."""
     marian = tiny_settings(tmp_path, "--position-layout", "half_split", "--activation", "silu")
     config = marian[1].config(200, 64)
     assert (config.position_layout, config.activation) == ("half_split", "silu")
