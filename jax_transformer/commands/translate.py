@@ -76,6 +76,17 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     parsing.add_sampling_flags(p, when="--sample: ")
 
 
+def add_compile_cache_flags(p: argparse.ArgumentParser) -> None:
+    """--compile-cache and --no-compile-cache, as train.py has them."""
+    p.add_argument("--compile-cache", type=parsing.path, metavar="DIR",
+                   help="--framework jax: JAX's persistent compilation cache, train.py's: "
+                        "a later call loads the searches compiled here instead of compiling "
+                        "them (default: train.py's, $JAX_COMPILATION_CACHE_DIR or "
+                        "~/.cache/jax_transformer/xla)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile every search afresh and keep none")
+
+
 def parse_args(argv=None):
     p = parsing.ArgumentParser(prog="jaxformer-translate",
                                description="Translate one sentence per line.")
@@ -109,13 +120,7 @@ def parse_args(argv=None):
                    help="most sentences translated at once; from a pipe or a terminal, each "
                         "batch takes the lines waiting, up to this (default: 32)")
     add_output_flags(p)
-    p.add_argument("--compile-cache", type=parsing.path, metavar="DIR",
-                   help="--framework jax: JAX's persistent compilation cache, train.py's: "
-                        "a later call loads the searches compiled here instead of compiling "
-                        "them (default: train.py's, $JAX_COMPILATION_CACHE_DIR or "
-                        "~/.cache/jax_transformer/xla)")
-    p.add_argument("--no-compile-cache", action="store_true",
-                   help="compile every search afresh and keep none")
+    add_compile_cache_flags(p)
     p.add_argument("--normalize-punctuation", action="store_true",
                    help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "
                         "line first, as transformers' MarianTokenizer.normalize")
