@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (bench_compile, bench_corpus, bench_data, bench_decode, bench_fsdp,
-                        bench_init_from, bench_serve, bench_train, bench_train_compile,
+                        bench_init_from, bench_interactive, bench_serve, bench_train, bench_train_compile,
                         finishing, learning, race, race_report, report, step_variants)
 from benchmarks.report import Report, Table
 
@@ -283,6 +283,22 @@ def serve_result() -> dict:
                         serve_row("ct2_int8", 4, 30.0, 11.75)]}
 
 
+def interactive_result() -> dict:
+    def latencies(first, further, slowest):
+        return dict(first_line_s=first, further_lines_s=further, slowest_further_line_s=slowest)
+    rows = [dict(name="interactive jax", runs=[], **latencies(3.25, 0.075, 1.125)),
+            dict(name="interactive torch", runs=[], **latencies(4.5, 1.75, 4.625)),
+            dict(name="file jax", runs=[], first_sentence_s=4.25),
+            dict(name="file torch", runs=[], first_sentence_s=10.5)]
+    return {"checkpoint": "runs/numbers/export", "src_path": "lines.txt", "lines": 20,
+            "beam": 4, "rounds": 3, "config": {"d_model": 128, "num_encoder_layers": 3,
+                                               "num_decoder_layers": 3, "tgt_vocab_size": 668},
+            "load_average": {"start": 7.25, "end": 8.75},
+            "versions": {"jax": "0.10.2", "torch": "2.13.0"},
+            "machine": {"platform": "Linux-test", "processor": "AMD EPYC", "cpus": 2},
+            "cold_cache": latencies(10.0, 0.0625, 6.375), "results": rows}
+
+
 # (script, results dict, cells of its tables, other text on its page)
 PAGES = {
     "bench_compile": (bench_compile, compile_result, (
@@ -313,6 +329,12 @@ PAGES = {
         "programs compiled", "8.12", "11.12", "0.62", "0.38", "2.50", "10.00"), (
         "load average 5.2 at the start, 6.8 at the end", "d_model 256", "3+3 layers",
         "vocabulary 8000")),
+    "bench_interactive": (bench_interactive, interactive_result, (
+        "jax", "torch", "3.25", "0.075", "1.125", "4.25", "4.50", "1.750", "4.625", "10.50",
+        "jax, cold cache (one run)", "10.00", "0.062", "6.375", "runs/numbers/export",
+        "lines.txt", "20", "0.10.2"), (
+        "load average 7.2 at the start, 8.8 at the end, on 2 CPUs", "d_model 128",
+        "3+3 layers", "beam 4", "median of 3 rounds", "AMD EPYC")),
     "bench_data": (bench_data, data_result, (
         "28,800", "10,000,000", "2", "1", "4", "19", "8", "21", "4,321", "45,678", "55,123",
         "1,555", "234", "987", "22.25", "5.75", "7.75", "802", "813", "901", "99",
@@ -395,7 +417,8 @@ def test_committed_pages_are_rendered_from_their_results(results):
               "race": race, "compile": bench_compile, "serve": bench_serve,
               "step": step_variants, "finishing": finishing,
               "fsdp": bench_fsdp, "init": bench_init_from,
-              "startup": bench_train_compile, "learning": learning}[results.stem.split("_")[0]]
+              "startup": bench_train_compile, "learning": learning,
+              "interactive": bench_interactive}[results.stem.split("_")[0]]
     page = report.render_markdown(script.describe(json.loads(results.read_text())),
                                   f"benchmarks/results/{results.name}")
     assert results.with_suffix(".md").read_text() == page
@@ -509,6 +532,27 @@ def test_bench_serve_smoke(tmp_path):
         assert warm["programs"] == 0 and warm["cache_hits"] >= compiled["programs"]
     assert_cells(out.with_suffix(".md").read_text(), "CTranslate2 int8",
                  f"{rows['ct2_int8', 4]['sentences_per_s']:.1f}")
+
+
+@pytest.mark.slow  # jaxformer-translate processes
+def test_bench_interactive_smoke(torch_checkpoint, tmp_path):
+    """A tiny checkpoint, three lines, one round: every figure of both frameworks."""
+    (tmp_path / "src.txt").write_text("the cat\na dog sat\nthe red house\n")
+    out = tmp_path / "interactive.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_interactive.py"),
+                           "--checkpoint", str(torch_checkpoint), "--src-path",
+                           str(tmp_path / "src.txt"), "--lines", "3", "--beam", "2",
+                           "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **CPU_ONLY})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [row["name"] for row in result["results"]] == [
+        "interactive jax", "interactive torch", "file jax", "file torch"]
+    for row in [*result["results"], result["cold_cache"]]:
+        figures = {k: v for k, v in row.items() if k.endswith("_s")}
+        assert figures and all(0 < v < 600 for v in figures.values()), row
+    assert out.with_suffix(".md").exists()
 
 
 RACE_FIELDS = ("steps", "stopped_by", "tgt_tokens_per_s", "tgt_tokens_per_step",

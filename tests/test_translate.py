@@ -190,6 +190,53 @@ def test_a_file_of_every_length_compiles_a_few_programs(jax_checkpoint, beam):
     assert search._cache_size() - before == len(translator.source_widths(32)) == 3
 
 
+def test_short_lines_one_at_a_time_share_one_program(jax_checkpoint):
+    """Sources of 2 to 7 ids, each translated alone as a line typed at a terminal is: one
+    search program for all of them. Before: widths 2, 4 and 8, a compile each."""
+    from jax_transformer import decoding
+    model, tokenizer = translator.load(jax_checkpoint, "jax")
+    before = decoding._beam_jit._cache_size()
+    for words in range(1, 7):
+        translator.translate_lines([" ".join(["the"] * words)], model, tokenizer, beam=2)
+    assert decoding._beam_jit._cache_size() - before <= 1
+
+
+@pytest.mark.parametrize("flags, cache", [([], "default"), (["--compile-cache", "x"], "x"),
+                                          (["--no-compile-cache"], None)],
+                         ids=["default", "compile-cache", "no-compile-cache"])
+def test_jax_translates_with_train_pys_compile_cache(jax_checkpoint, tmp_path, capsys,
+                                                     monkeypatch, flags, cache):
+    """--framework jax turns on the persistent compilation cache train.py uses, its
+    default directory or --compile-cache's, or none."""
+    from jax_transformer.train.runtime import compiling
+    from jax_transformer.train.settings import default_compile_cache
+    used = []
+    monkeypatch.setattr(compiling, "use_compilation_cache",
+                        lambda directory, **_: used.append(directory))
+    source = tmp_path / "blank.txt"
+    source.write_text("\n")  # no search runs
+    code, out, err = run_translate(["--checkpoint", jax_checkpoint, "--input", source, *flags],
+                                   capsys)
+    assert (code, out) == (0, [""]), err
+    assert used == [default_compile_cache() if cache == "default" else cache]
+
+
+@pytest.mark.slow  # two jaxformer-translate processes
+def test_a_second_call_loads_its_searches_from_the_compile_cache(jax_checkpoint, tmp_path):
+    """The first call keeps its compiled programs in --compile-cache; the second finds
+    every one there, so it adds none."""
+    cache = tmp_path / "xla"
+    args = ["--checkpoint", jax_checkpoint, "--compile-cache", cache]
+    first = run_script(args, b"the cat\n")
+    assert first.returncode == 0, first.stderr.decode()[-2000:]
+    kept = sorted(path.name for path in cache.iterdir())
+    assert any(name.startswith("jit__beam_jit") for name in kept), kept
+    second = run_script(args, b"the cat\n")
+    assert second.returncode == 0, second.stderr.decode()[-2000:]
+    assert second.stdout == first.stdout
+    assert sorted(path.name for path in cache.iterdir()) == kept
+
+
 @pytest.mark.slow  # 1,000 sentences, each search compiled afresh
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_file_of_1000_sentences_of_mixed_lengths_compiles_at_most_8_programs(

@@ -153,6 +153,10 @@ def test_a_line_is_answered_before_the_next_is_written(torch_checkpoint):
     (["--sample", "--beam", "2"], "--sample draws one translation per line; drop --beam 2"),
     (["--nbest", "2", "--print-scores"], "--nbest writes every translation with its score"),
     (["--sample", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--compile-cache", "x", "--no-compile-cache"],
+     "--no-compile-cache turns off the --compile-cache x it names; drop one"),
+    (["--compile-cache", "x"],  # with --framework torch
+     "--compile-cache and --no-compile-cache are JAX's; torch compiles nothing"),
 ])
 def test_bad_search_flags_are_one_line(torch_checkpoint, flags, message):
     result = translate("--checkpoint", torch_checkpoint, "--framework", "torch", *flags)

@@ -88,13 +88,14 @@ def source_ids(tokenizer: CheckpointTokenizer, text: str, line: int) -> list[int
 
 
 SOURCE_WIDTHS = 4  # the source widths a translation pads its batches to, at most
+NARROWEST = 8  # the narrowest source width (but for a model's max_len below it)
 
 
 def source_widths(max_len: int) -> list[int]:
     """The widths batches of sources are padded to: `max_len` halved up to three times,
-    at least 8 (128 -> 16, 32, 64, 128). Each search compiles once per width, so
+    at least NARROWEST (128 -> 16, 32, 64, 128). Each search compiles once per width, so
     decoding a file of any length mix compiles at most SOURCE_WIDTHS programs."""
-    return sorted({max(max_len >> halvings, min(8, max_len))
+    return sorted({max(max_len >> halvings, min(NARROWEST, max_len))
                    for halvings in range(SOURCE_WIDTHS)})
 
 
@@ -148,9 +149,11 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
     # Sized by the input: widths from max_len padded a word to 8192 positions for a
-    # max_len of 65536, 17 GB of attention scores in a batch of 32.
+    # max_len of 65536, 17 GB of attention scores in a batch of 32. At least NARROWEST
+    # wide, so that the short lines typed one at a time share one program.
     longest = max((len(ids) for ids in sources.values()), default=1)
-    widths = source_widths(min(config.max_len, 1 << (longest - 1).bit_length()))
+    widths = source_widths(min(config.max_len,
+                               max(NARROWEST, 1 << (longest - 1).bit_length())))
     results = [None if i in sources else [Hypothesis("", 0.0, ())] for i in range(len(lines))]
     batches = sorted((order[i:i + batch_size] for i in range(0, len(order), batch_size)),
                      key=min)

@@ -76,6 +76,17 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
     parsing.add_sampling_flags(p, when="--sample: ")
 
 
+def add_compile_cache_flags(p: argparse.ArgumentParser) -> None:
+    """--compile-cache and --no-compile-cache, as train.py has them."""
+    p.add_argument("--compile-cache", type=parsing.path, metavar="DIR",
+                   help="--framework jax: JAX's persistent compilation cache, train.py's: "
+                        "a later call loads the searches compiled here instead of compiling "
+                        "them (default: train.py's, $JAX_COMPILATION_CACHE_DIR or "
+                        "~/.cache/jax_transformer/xla)")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="compile every search afresh and keep none")
+
+
 def parse_args(argv=None):
     p = parsing.ArgumentParser(prog="jaxformer-translate",
                                description="Translate one sentence per line.")
@@ -109,6 +120,7 @@ def parse_args(argv=None):
                    help="most sentences translated at once; from a pipe or a terminal, each "
                         "batch takes the lines waiting, up to this (default: 32)")
     add_output_flags(p)
+    add_compile_cache_flags(p)
     p.add_argument("--normalize-punctuation", action="store_true",
                    help="Marian (opus-mt) checkpoints: Moses punctuation normalisation of each "
                         "line first, as transformers' MarianTokenizer.normalize")
@@ -125,6 +137,11 @@ def parse_args(argv=None):
         p.error(f"--sample draws one translation per line; drop --beam {args.beam}")
     if args.nbest and args.print_scores:
         p.error("--nbest writes every translation with its score already; drop --print-scores")
+    if args.compile_cache and args.no_compile_cache:
+        p.error(f"--no-compile-cache turns off the --compile-cache {args.compile_cache} it names; "
+                "drop one")
+    if args.framework == "torch" and (args.compile_cache or args.no_compile_cache):
+        p.error("--compile-cache and --no-compile-cache are JAX's; torch compiles nothing")
     args.beam = 1 if args.sample else 4 if args.beam is None else args.beam
     return args
 
@@ -244,6 +261,8 @@ def translate_command(argv=None) -> int:
         raise TranslateError("stdin is closed (<&-), so there is nothing to translate: give "
                              "the sentences on stdin (< FILE, a pipe) or with --input FILE")
     with Output(args.output) as output:
+        if args.framework == "jax":
+            use_compile_cache(args.compile_cache, off=args.no_compile_cache)
         model, tokenizer = load(args.checkpoint, args.framework)
         set_languages(tokenizer, args.src_lang, args.tgt_lang)
         if args.normalize_punctuation and not tokenizer.normalizes:
@@ -271,6 +290,16 @@ def translate_command(argv=None) -> int:
     print(f"translated {counted(count, 'sentence')} in {seconds:.1f}s ({args.framework}, "
           f"{how})", file=sys.stderr)
     return 0
+
+
+def use_compile_cache(directory: str | None, off: bool) -> None:
+    """Keep the compiled programs in JAX's persistent cache, `directory` or train.py's
+    default (none when `off`), so that a later call loads its searches instead of
+    compiling them; a cache that cannot be used is train.py's warning or error."""
+    from jax_transformer.train.runtime.compiling import use_compilation_cache
+    from jax_transformer.train.settings import default_compile_cache
+    default = default_compile_cache()
+    use_compilation_cache(None if off else directory or default, default=default)
 
 
 def stdin_is_a_stream() -> bool:
