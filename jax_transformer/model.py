@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_transformer import pretrained
@@ -38,7 +39,10 @@ def token_table_init(config: TransformerConfig):
     draw = table_init(config)
     if config.weight_init == "xavier":
         return draw
-    return lambda key, shape, dtype=jnp.float32: draw(key, shape, dtype).at[config.pad_id].set(0)
+    def init(key, shape, dtype=jnp.float32):  # (V, D), padding's row 0
+        kept = np.arange(shape[0]) != config.pad_id  # a host mask: no scalar staged
+        return draw(key, shape, dtype) * kept[:, None].astype(dtype)
+    return init
 
 
 class TokenModel(nnx.Module):
