@@ -13,7 +13,7 @@ import torch
 
 from jax_transformer import masks as jax_masks
 from jax_transformer.train.step import label_smoothed_cross_entropy as jax_loss
-from parity_tests.helpers import (CONFIGS, SCANNING, TORCH_DEVICE, assert_close, build_pair,
+from parity_tests.helpers import (CONFIGS, TORCH_DEVICE, assert_close, build_pair,
                                   fast_tier, make_batches, precision, to_numpy, to_torch)
 from torch_reference import masks as torch_masks
 from torch_reference.training import label_smoothed_cross_entropy as torch_loss
@@ -40,7 +40,8 @@ def run_both(flax_model, torch_model, src, tgt, pad_id=0):
 @pytest.mark.parametrize("name", fast_tier(list(CONFIGS), fast={  # one per weight-mapping case
     "pre_ln_final_norm", "untied_bias", "tied_bias", "unshared", "odd_width_half_split",
     "m2m100_like"}))
-@pytest.mark.parametrize("scan", SCANNING)
+@pytest.mark.parametrize("scan", fast_tier([False, True], fast={False}),
+                         ids=["loop", "scan"])  # scanned fast: test_gradients_match
 def test_forward_float32(name, batch, direction, scan):
     config = CONFIGS[name]
     src, tgt = make_batches(config)[batch]

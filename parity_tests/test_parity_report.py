@@ -101,6 +101,7 @@ def test_first_diverging_layer_is_flagged(checkpoint, monkeypatch, capsys):
     assert not rows["logits"].ok
 
 
+@pytest.mark.slow  # a float64 report; test_a_miscopied_* catch bad ports fast
 def test_layer_norm_epsilon_mismatch_fails_in_float64(checkpoint, monkeypatch):
     """Flax's default epsilon (1e-6) against torch's 1e-5: invisible in float32 at this
     size, caught in float64, at the first LayerNorm (post-LN: after layer 0's attention)."""

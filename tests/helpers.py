@@ -100,7 +100,12 @@ def run_generate(args, capsys):
 
 
 def run_command(main, args, capsys):
-    code = main([str(a) for a in args])
+    """A command's main(ARGS) in this process: (exit code, stdout lines, stderr); the
+    parser's exit (bad flags) gives its code, as the process would."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as exit:
+        code = exit.code
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
 

@@ -26,7 +26,9 @@ def test_every_command_module_has_a_script():
                for name, target in SCRIPTS.items())
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+# A subprocess each: the fast tier starts one script, the full suite every one.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name == "jaxformer-train"
+                                               else pytest.mark.slow) for name in sorted(SCRIPTS)])
 def test_a_script_gives_its_module_s_help_and_errors(name, tmp_path):
     module = SCRIPTS[name].split(":")[0]
     assert (BIN / name).is_file(), f"{name} is not installed: pip install -e ."

@@ -59,9 +59,15 @@ def plain(state: nnx.State) -> list[np.ndarray]:
                        else leaf) for leaf in jax.tree.leaves(state)]
 
 
-@pytest.mark.parametrize("unroll", [1, 2])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["eval", "dropout"])
-@pytest.mark.parametrize("architecture", list(CONFIGS))
+# The fast tier: each architecture once, each unroll and mode at least once.
+FAST_SCAN_CASES = {("encoder_decoder", False, 2), ("encoder_only", True, 1),
+                   ("decoder_only", False, 1)}
+
+
+@pytest.mark.parametrize("architecture, deterministic, unroll", [
+    pytest.param(a, d, u, id=f"{a}-{'eval' if d else 'dropout'}-{u}",
+                 marks=() if (a, d, u) in FAST_SCAN_CASES else pytest.mark.slow)
+    for a in CONFIGS for d in (True, False) for u in (1, 2)])
 def test_the_scan_computes_what_the_loop_computes(architecture, deterministic, unroll):
     """Logits and every layer's attention weights, in eval mode and with dropout (the
     same masks: each layer draws from its own stream), at unroll 1 and 2 (3 layers:
@@ -133,6 +139,7 @@ def lowered_step_lines(layers: int, scan: bool) -> int:
     return len(lowered.as_text().splitlines())
 
 
+@pytest.mark.slow  # compiles the step at several depths
 def test_the_scanned_step_does_not_grow_with_depth():
     """What XLA compiles: the scanned step at 4 layers is as long as at 2 (the scan's
     body is one layer of each stack), where the loop's doubles."""

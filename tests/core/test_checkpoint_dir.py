@@ -162,6 +162,7 @@ def test_saved_files_get_the_mode_open_would_give(tmp_path, umask):
         checkpoint_dir.CONFIG_FILE, checkpoint_dir.WEIGHTS_FILE, checkpoint_dir.TOKENIZER_FILE)}
 
 
+@pytest.mark.slow  # a subprocess
 def test_torch_reference_runs_without_jax(saved):
     """torch_reference imports, runs and reads/writes the format with JAX unavailable."""
     script = textwrap.dedent(f"""

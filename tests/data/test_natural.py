@@ -108,6 +108,7 @@ def longest_in_pieces(tokenizer: Tokenizer, sentences: list[str]) -> int:
     return piece_counts(tokenizer, (s for s, n in zip(sentences, words) if n >= cutoff)).max()
 
 
+@pytest.mark.slow  # trains an 8,000-piece tokenizer
 def test_bpe_8000_lengths_look_like_wmt(tmp_path):
     """Under a BPE 8000 model trained on the corpus (20k pairs, about a second)."""
     pairs = natural_length_corpus(50_000)

@@ -29,6 +29,7 @@ from jax_transformer.pretrained import to_torch_state_dict
 from jax_transformer.train import finetune, settings
 from jax_transformer.train.run import TrainingRun
 from jax_transformer.train.step import freeze, make_optimizer, make_schedule, warmup_schedule
+from tests.helpers import run_command
 from tests.train.runs import REPO_ROOT, TINY, losses, records, tiny_run, tiny_settings
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
@@ -94,16 +95,17 @@ def run_train(*flags, timeout=300) -> subprocess.CompletedProcess:
     (["DIR=no-tokenizer"], "--init-from {tmp}/no-tokenizer: {tmp}/no-tokenizer has no "
                            "tokenizer.model (nor Marian's source.spm + vocab.json)"),
 ])
-def test_a_bad_init_dir_or_model_flag_is_one_line_before_any_work(small_dir, tmp_path, flags,
-                                                                   message):
+def test_a_bad_init_dir_or_model_flag_is_one_line_before_any_work(small_dir, tmp_path, capsys,
+                                                                   flags, message):
     directory = small_dir
     if flags[0].startswith("DIR="):
         kind = flags.pop(0)[4:]
         directory = tmp_path / kind if kind == "missing" else broken(small_dir, tmp_path, kind)
-    result = run_train("--workdir", str(tmp_path / "run"), "--init-from", str(directory),
-                       *DATA, *flags)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    [line] = result.stderr.strip().splitlines()
+    code, _, stderr = run_command(train_command.main, ["--quiet", "--workdir", tmp_path / "run",
+                                                       "--init-from", directory, *DATA, *flags],
+                                  capsys)  # in this process: refused before JAX loads
+    assert code == 2, stderr[-2000:]
+    [line] = stderr.strip().splitlines()
     assert line.startswith("error: " + message.format(dir=small_dir, tmp=tmp_path)), line
     assert not (tmp_path / "run").exists()  # refused while parsing the flags
 
@@ -158,6 +160,7 @@ def test_a_tokenizer_file_linked_out_of_the_init_dir_is_refused(small_dir, tmp_p
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a train.py subprocess
 def test_a_corpus_of_mostly_unknown_pieces_is_refused_before_training(small_dir, tmp_path):
     greek = [" ".join(["αβγ δεζ ηθι"] * (1 + i % 3)) for i in range(60)]
     (tmp_path / "src.txt").write_text("\n".join(greek) + "\n")
