@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from jax_transformer.data.rows import padded_length
+from jax_transformer.data.batches.rows import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError

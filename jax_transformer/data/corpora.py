@@ -83,7 +83,7 @@ def cardinal_words(lang: str, max_number: int) -> Callable[[int], str]:
 
     num2words scans its whole table of number words (up to 10^600 for German)
     for every call; a copy of the converter that keeps only the words <= max_number
-    gives the same text (tests/test_data.py checks en, de and fr).
+    gives the same text (tests/data/test_corpora.py checks en, de and fr).
     """
     if lang not in CONVERTER_CLASSES:
         raise CorpusError(f"num2words has no language {lang!r}; "
