@@ -62,7 +62,7 @@ def parse_args(argv=None):
 def make_data(args, workdir: Path):
     """train.py's data path on the natural-length corpus: {"train": PackedBatches, ...}."""
     from jax_transformer.data import natural
-    from jax_transformer.data.encoding import encode_pairs, train_tokenizer
+    from jax_transformer.data.tokenizing import encode_pairs, train_tokenizer
     from jax_transformer.train.inputs import make_batches
     from jax_transformer.train.settings import DataSettings
 

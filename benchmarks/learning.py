@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import race_peer, report, runner  # noqa: E402
 from jax_transformer.data.corpora import holdout_split, read_parallel_text  # noqa: E402
-from jax_transformer.data.encoding import train_tokenizer  # noqa: E402
+from jax_transformer.data.tokenizing import train_tokenizer  # noqa: E402
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 WIDTH_MULTIPLE = race_peer.WIDTH_MULTIPLE  # padded batches: few shapes for ours' jit
@@ -118,9 +118,9 @@ def padded_batches(src, tgt, max_tokens: int) -> list[dict[str, np.ndarray]]:
 def packed_batches(corpus: Corpus, max_tokens: int, max_len: int, steps: int, seed: int
                    ) -> list[dict[str, np.ndarray]]:
     """train.py's first `steps` batches: its packed rows of one shape
-    (jax_transformer.data.packing, as train/inputs.py makes them), epochs in its order."""
-    from jax_transformer.data.packing import PackedBatches
-    from jax_transformer.data.rows import fitting_row_shape, positions_needed
+    (jax_transformer.data.batches.packed, as train/inputs.py makes them), epochs in its order."""
+    from jax_transformer.data.batches.packed import PackedBatches
+    from jax_transformer.data.batches.rows import fitting_row_shape, positions_needed
     sides = [[np.asarray(ids[:-1], np.int32) for ids in side]  # pieces; packing adds eos
              for side in (corpus.train_src, corpus.train_tgt, corpus.dev_src, corpus.dev_tgt)]
     row_shape = fitting_row_shape(np.concatenate([positions_needed(s) for s in sides[0::2]]),

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import runner  # noqa: E402
-from jax_transformer.data.encoding import train_tokenizer  # noqa: E402
+from jax_transformer.data.tokenizing import train_tokenizer  # noqa: E402
 from jax_transformer.data.corpora import holdout_split, read_parallel_text  # noqa: E402
 from jax_transformer.train.runtime import host_memory  # noqa: E402
 from jax_transformer.train.runtime.process_clock import process_seconds  # noqa: E402

@@ -44,8 +44,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 # Whether `train.py --scan-layers auto` scans, per backend (docs/performance.md,
-# "Compile time and scanned layer stacks": benchmarks/bench_compile.py).
-# TPU: unmeasured here; MaxText scans there by default.
+# "Compile time and scanned layer stacks"); TPU as MaxText, which scans there by default.
 SCAN_BY_DEFAULT = {"cpu": False, "gpu": True, "tpu": True}
 STACKS = "layers"  # the attribute of Encoder and Decoder holding their layers
 STACKED = "stacked"  # ScannedLayers' one module, every variable (N, ...)

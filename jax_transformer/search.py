@@ -40,8 +40,9 @@ NEG_INF = -1.0e7  # "effective -inf" for beam scores, as in the Flax WMT example
 @dataclasses.dataclass(frozen=True)
 class EvalModel:
     """A model split once in eval mode, for many searches: given the model itself, each
-    search splits it again (nnx.view and nnx.split: 44 ms for the serve benchmark's
-    model on XLA:CPU, at every batch of a file). The weights are those of the split."""
+    search splits it again (nnx.view and nnx.split, at every batch of a file:
+    docs/performance.md, "Decoding against CTranslate2 (CPU)"). The weights are those
+    of the split."""
     graphdef: Any
     state: Any
     config: Any
@@ -82,9 +83,9 @@ def growing_loop(not_done, step, state: dict, lengths: list[int]) -> dict:
     counter "t" and a decoding "cache" (model.init_cache(..., lengths[0])), run as one
     loop per cache length in `lengths` (cache_lengths), the cache padded to the next
     length between them: each step attends to (and a beam search reorders) the
-    positions the search can have reached, not all of them. A beam step at batch 32 x 4
-    beams took 42 ms with a cache of 128 positions, 26 with 32 (XLA:CPU); a greedy
-    step, 7.3 and 7.7 ms, so greedy search keeps one length, and one loop to compile.
+    positions the search can have reached, not all of them. A beam step's time grows
+    with its cache's length, a greedy step's hardly (docs/performance.md, "Decoding
+    against CTranslate2 (CPU)"), so greedy search keeps one length, and one loop to compile.
     torch needs no such thing: its shapes may change at every step."""
     for length in lengths:
         state = jax.lax.while_loop(lambda s: (s["t"] < length) & not_done(s), step,

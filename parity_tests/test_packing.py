@@ -1,7 +1,7 @@
 """Packed batches: both frameworks agree, and packing changes nothing a pair (or a
 language model's line) computes.
 
-Several pairs share a row (jax_transformer.data.packing); segment masks keep
+Several pairs share a row (jax_transformer.data.batches.packed); segment masks keep
 attention inside each pair and positions restart per pair; lines of text are
 packed alike, as targets without a source. Tolerances as in
 test_model_parity: float32 logits <= 1e-5, attention weights <= 1e-6, float64
@@ -16,7 +16,7 @@ import pytest
 import torch
 from flax import nnx
 
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.batches.packed import PackedBatches
 from jax_transformer.train import step as jax_step
 from parity_tests.helpers import (CONFIGS, SINGLE_STACK_CONFIGS, assert_close, build_pair,
                                   fast_tier, precision, to_torch)

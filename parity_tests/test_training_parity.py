@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.batches.packed import PackedBatches
 from jax_transformer.train import step as jax_training
 from jax_transformer.pretrained import to_torch_state_dict
 from parity_tests.helpers import (CONFIGS, SCANNING, SINGLE_STACK_CONFIGS, build_pair,

@@ -75,7 +75,7 @@ def greedy_search(model: Transformer, src_ids, *, max_len: int, src_mask=None, e
                   forced_first=None):
     """Greedy decoding: (B, S) source ids -> tokens (B, max_len) int64, scores (B,).
 
-    `eos_id` overrides the config's (benchmarks pass -1 to never stop early).
+    `eos_id` overrides the config's (-1: none, so every sentence runs max_len steps).
     """
     src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
     forced = _forced_ids(forced_first, src_ids.shape[0], model.config.tgt_vocab_size,
@@ -187,7 +187,7 @@ def _beam(model, src_ids, src_mask, forced, *, max_len, beam_size, alpha, style,
 
 def greedy_search_uncached(model: Transformer, src_ids, *, max_len: int, src_mask=None,
                            eos_id=None):
-    """The seeds' way, kept as a baseline for tests and benchmarks: every step
+    """Decoding without a cache, a baseline for tests and timings: every step
     re-runs the decoder over the whole prefix (cross-attention keys/values
     included). Same results as greedy_search; quadratic work."""
     src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)

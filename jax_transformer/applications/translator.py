@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from jax_transformer.data.rows import padded_length
+from jax_transformer.data.batches.rows import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import InputError
@@ -148,8 +148,8 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
         model = eval_model(model)  # split once, not at every batch
     sources = encode_sources(lines, tokenizer, config, first_line)
     order = sorted(sources, key=lambda i: len(sources[i]))
-    # Sized by the input: widths from max_len padded a word to 8192 positions for a
-    # max_len of 65536, 17 GB of attention scores in a batch of 32. At least NARROWEST
+    # Sized by the input, not by max_len, which would pad a word to 8192 positions for a
+    # max_len of 65536 (17 GB of attention scores in a batch of 32). At least NARROWEST
     # wide, so that the short lines typed one at a time share one program.
     longest = max((len(ids) for ids in sources.values()), default=1)
     widths = source_widths(min(config.max_len,

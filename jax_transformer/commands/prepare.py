@@ -22,8 +22,8 @@ import sys
 from typing import Sequence, get_type_hints
 
 from jax_transformer.commands import exit_codes, parsing
-from jax_transformer.data.prepare import Encoding, key, prepare, stopped_preparing
-from jax_transformer.data.prepared import Prepared
+from jax_transformer.data.prepared.pipeline import Encoding, key, prepare, stopped_preparing
+from jax_transformer.data.prepared.directory import Prepared
 from jax_transformer.train.corpus import corpus
 from jax_transformer.train.runtime import signals
 from jax_transformer.train.settings import MAX_SEED, PREPARED_FIELDS, DataSettings

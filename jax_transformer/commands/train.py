@@ -35,7 +35,7 @@ from simple_parsing.help_formatter import SimpleHelpFormatter
 from simple_parsing.wrappers import DataclassWrapper, FieldWrapper
 
 from jax_transformer.commands import exit_codes, parsing
-from jax_transformer.data.prepared import MANIFEST, Prepared
+from jax_transformer.data.prepared.directory import MANIFEST, Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.runtime import jax_variables
 from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,

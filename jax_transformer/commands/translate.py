@@ -29,7 +29,7 @@ model's (sentencepiece.bpe.model + fairseq_tokenizer.json) takes --src-lang and
 applies BPE itself. --normalize-punctuation applies the Moses punctuation normaliser
 of OPUS-MT's pre-processing first.
 Sentences are sorted by length into batches and padded to the training buckets'
-lengths (jax_transformer.data.packing), so JAX compiles once per length bucket,
+lengths (jax_transformer.data.batches.rows), so JAX compiles once per length bucket,
 not once per batch. Progress and errors go to stderr. `--framework torch` runs
 torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 """

@@ -79,11 +79,10 @@ class CorpusReport:
 # --- Built-in corpus: numbers in words ---------------------------------------------------
 
 def cardinal_words(lang: str, max_number: int) -> Callable[[int], str]:
-    """A function n -> num2words(n, lang=lang) for 0 <= n < max_number, ~10x faster.
-
-    num2words scans its whole table of number words (up to 10^600 for German)
-    for every call; a copy of the converter that keeps only the words <= max_number
-    gives the same text (tests/test_data.py checks en, de and fr).
+    """A function n -> num2words(n, lang=lang) for 0 <= n < max_number, without
+    num2words' scan of its whole table of number words (up to 10^600 for German) at
+    every call: a copy of the converter that keeps only the words <= max_number
+    gives the same text (tests/data/test_corpora.py checks en, de and fr).
     """
     if lang not in CONVERTER_CLASSES:
         raise CorpusError(f"num2words has no language {lang!r}; "

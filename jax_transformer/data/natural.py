@@ -2,9 +2,9 @@
 
 Why: length buckets, token budgets and packing behave very differently on the
 number-words corpus (every sentence under ~15 pieces) than on real text, where
-most sentences are 10-50 pieces and a thin tail runs past 200. Real corpora
-cannot be downloaded here, so tests and benchmarks of the batching code use
-this one: deterministic, numpy only, 100k pairs in about a second.
+most sentences are 10-50 pieces and a thin tail runs past 200. Tests and
+benchmarks of the batching code use this one, since nothing is downloaded:
+deterministic, numpy only.
 
 The language. Each side has its own invented vocabulary of 20k pronounceable
 words built from syllables; frequent words are short. Words are drawn with

@@ -10,11 +10,11 @@
 
 model.py imports them from their modules. The plain version is the maths as
 written, differentiated by autodiff; the tuned one computes the same values and
-gradients faster (each module's docstring says how, and what it was measured
-to save). One exception: draw_keep_mask's tuned generator (a counter hash) draws
-other masks from the same distribution, so it is on only where it was measured
-to help, XLA:CPU and GPUs (switch.KERNEL_EXCEPTIONS). Every speed trick in the Flax model lives
-here. Which one runs is decided at one switch, switch.py: per backend
+gradients faster (each module's docstring says how; docs/performance.md, "What made
+the JAX step fast", what each saves). One exception: draw_keep_mask's tuned generator
+(a counter hash) draws other masks from the same distribution, so it is on only where
+it is known to help, XLA:CPU and GPUs (switch.KERNEL_EXCEPTIONS). Every speed trick in
+the Flax model lives here. Which one runs is decided at one switch, switch.py: per backend
 (`KERNELS_BY_BACKEND`, `KERNEL_EXCEPTIONS`), or for all kernels with the
 environment variable JAX_TRANSFORMER_KERNELS=plain|tuned. The classes keep
 nnx's parameter names and shapes, so the choice never changes a checkpoint.

@@ -6,14 +6,13 @@ The maths is the ordinary affine map and its ordinary gradients:
 - dW on CPU. Left to itself, XLA folds x^T into the dot's dimension numbers;
   XLA:CPU's fast matmul library (YNNPACK) does not take a left operand
   contracted along its first axis, so every weight gradient falls back to a
-  slower Eigen kernel (about half the speed inside a training step). Here the
+  slower Eigen kernel (docs/performance.md, "What made the JAX step fast"). Here the
   narrower of x and dy is materialised transposed first (a copy of activations,
   small next to the matmul) behind an optimization barrier, so XLA cannot fold
   it back: x^T @ dy, or (dy^T @ x)^T where dy has fewer columns (a layer into
   d_model from d_ff). The output projection's dy is as wide as the vocabulary,
-  so its x^T is copied, not dy^T (65 MB at 2048 rows of 8,000). On other
-  platforms the plain transposed dot is used: their matmul libraries take
-  transposed operands directly.
+  so its x^T is copied, not dy^T. On other platforms the plain transposed dot is
+  used: their matmul libraries take transposed operands directly.
 - db is computed as ones @ dy, a matrix-vector product (as Caffe did), not as a
   reduction. All three gradients are then dots reading one (rows, N) dy, and XLA
   computes dy once (with whatever element-wise work produced it, e.g. a

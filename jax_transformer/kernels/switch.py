@@ -20,12 +20,12 @@ import jax
 
 IMPLEMENTATIONS = ("plain", "tuned")
 ENVIRONMENT_VARIABLE = "JAX_TRANSFORMER_KERNELS"
-# The tuned kernels were measured on XLA:CPU (docs/performance.md). On GPU and
-# TPU they compute the same values; linear.py's weight-gradient layout is CPU-only.
+# The tuned kernels are made for XLA:CPU (docs/performance.md). On GPU and TPU they
+# compute the same values; linear.py's weight-gradient layout is CPU-only.
 KERNELS_BY_BACKEND = {"cpu": "tuned", "gpu": "tuned", "tpu": "tuned"}
 # dropout_mask's tuned generator (a counter hash) draws other masks than nnx's threefry;
-# it made the training step 20% faster on XLA:CPU and 7% on an H200 (docs/performance.md).
-# On TPU it is unmeasured: turn it on there once it measures faster.
+# it is faster on XLA:CPU and on GPUs (docs/performance.md, "Dropout masks from a
+# counter hash"). On TPU threefry stays until the hash is shown faster there.
 KERNEL_EXCEPTIONS = {"dropout_mask": {"tpu": "plain"}}
 
 _overrides: dict[str, str] = {}

@@ -10,7 +10,8 @@ into Hugging Face Marian and CTranslate2.
     fairseq_tokens.py    their tokenizers (FSMT, M2M100, NLLB), converted
     torch_nn.py          models wrapping torch.nn.Transformer
     torch_nn_encoder.py  models built on torch.nn.TransformerEncoder (language models)
-    ours.py              torch_reference state dicts and train.py's orbax checkpoints
+    own_checkpoints.py   our own checkpoints in their other forms: torch_reference state
+                         dicts and train.py's orbax checkpoints
     hf_export.py         ours -> a directory transformers' MarianMTModel / MarianTokenizer load
     ctranslate2.py       ours -> a ctranslate2.Translator model directory (CTranslate2's spec API)
 
@@ -38,8 +39,8 @@ from jax_transformer.port.hf_export import (TARGETS, export_hf_marian, hf_marian
 from jax_transformer.port.marian import convert_hf_marian, marian_config, marian_tensors
 from jax_transformer.port.formats import EXPORTS, IMPORTS, OPTION_GROUPS
 from jax_transformer.port.options import Format, OptionGroup
-from jax_transformer.port.ours import (JaxOrbaxOptions, TorchReferenceOptions,
-                                       convert_jax_orbax, convert_torch_reference)
+from jax_transformer.port.own_checkpoints import (JaxOrbaxOptions, TorchReferenceOptions,
+                                                  convert_jax_orbax, convert_torch_reference)
 from jax_transformer.port.reading import PortError, read_weights
 from jax_transformer.port.torch_nn import (TORCH_NN_DEFAULTS, TorchNNMapping,
                                            convert_torch_nn_transformer,

@@ -7,8 +7,8 @@ options' fields are flags: the command itself names no format.
 
 from __future__ import annotations
 
-from jax_transformer.port import (ctranslate2, fairseq, hf_export, marian, ours, torch_nn,
-                                  torch_nn_encoder)
+from jax_transformer.port import (ctranslate2, fairseq, hf_export, marian, own_checkpoints,
+                                  torch_nn, torch_nn_encoder)
 from jax_transformer.port.options import Format, OptionGroup
 
 
@@ -17,10 +17,12 @@ def by_name(*formats: Format) -> dict[str, Format]:
 
 
 IMPORTS = by_name(marian.FORMAT, fairseq.FSMT_FORMAT, fairseq.M2M100_FORMAT, torch_nn.FORMAT,
-                  torch_nn_encoder.FORMAT, ours.TORCH_REFERENCE, ours.JAX_ORBAX)
+                  torch_nn_encoder.FORMAT, own_checkpoints.TORCH_REFERENCE,
+                  own_checkpoints.JAX_ORBAX)
 EXPORTS = by_name(hf_export.FORMAT, ctranslate2.FORMAT)
 OPTION_GROUPS = (
-    OptionGroup("torch-reference / jax-orbax", (ours.TORCH_REFERENCE, ours.JAX_ORBAX)),
+    OptionGroup("torch-reference / jax-orbax",
+                (own_checkpoints.TORCH_REFERENCE, own_checkpoints.JAX_ORBAX)),
     OptionGroup("torch-nn-transformer and torch-nn-encoder (flags override --mapping; "
                 "defaults follow torch.nn and the PyTorch translation / language-modelling "
                 "tutorials)", (torch_nn.FORMAT, torch_nn_encoder.FORMAT),

@@ -14,8 +14,8 @@ import functools
 
 from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusReport
-from jax_transformer.data.prepared import SPLITS
-from jax_transformer.data.raw import Corpus, Source, given
+from jax_transformer.data.prepared.directory import SPLITS
+from jax_transformer.data.prepared.raw_text import Corpus, Source, given
 from jax_transformer.train.settings import DataSettings
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.batches.packed import PackedBatches
 
 
 # Batches an evaluation dispatches before it reads the first one's sums: the host

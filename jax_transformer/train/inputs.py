@@ -20,12 +20,12 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.encoding import unknown_id
-from jax_transformer.data.packing import BatchMultipleChanged, PackedBatches
-from jax_transformer.data.prepare import (Encoding, NoneFits, Share, key, prepare,
-                                          stopped_preparing)
-from jax_transformer.data.prepared import Prepared, file_sha256, link_or_copy
-from jax_transformer.data.rows import fitting_row_shape, positions_needed
+from jax_transformer.data.tokenizing import unknown_id
+from jax_transformer.data.batches.packed import BatchMultipleChanged, PackedBatches
+from jax_transformer.data.prepared.pipeline import (Encoding, NoneFits, Share, key, prepare,
+                                                    stopped_preparing)
+from jax_transformer.data.prepared.directory import Prepared, file_sha256, link_or_copy
+from jax_transformer.data.batches.rows import fitting_row_shape, positions_needed
 from jax_transformer.train import corpus as train_corpus
 from jax_transformer.train.runtime import peers, signals
 from jax_transformer.train.settings import DataSettings, RunSettings

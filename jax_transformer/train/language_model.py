@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_transformer import lm_decoding
-from jax_transformer.data.encoding import encode_lines
+from jax_transformer.data.tokenizing import encode_lines
 from jax_transformer.model import DecoderOnlyTransformer
 from jax_transformer.train import evaluation
 from jax_transformer.train.records import plots

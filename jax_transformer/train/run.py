@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jax_transformer.data.prepared import SPLITS
+from jax_transformer.data.prepared.directory import SPLITS
 from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
                                    selection)
 from jax_transformer.train.checkpoints import Checkpointer

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 
-from jax_transformer.data.store import damaged
+from jax_transformer.data.prepared.store import damaged
 from jax_transformer.train.run_args import OLD_FLAGS
 from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
                                      TransformerConfig, WeightInit)

@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_transformer import scanned
-from jax_transformer.data.packing import BATCH_KEYS, TEXT_KEYS
+from jax_transformer.data.batches.packed import BATCH_KEYS, TEXT_KEYS
 from jax_transformer.masks import causal_mask, same_segment, segment_masks
 from jax_transformer.model import TokenModel, build_model
 from jax_transformer.pretrained import load_torch_state_dict

@@ -1,5 +1,6 @@
-"""A corpus prepared once (data/prepare.py, data/store.py): the same examples, tokenizer,
-fingerprints and batches as the in-memory path, in bounded memory; whole or absent."""
+"""A corpus prepared once (data/prepared/: pipeline.py, store.py): the same examples,
+tokenizer, fingerprints and batches as the in-memory path, in bounded memory; whole or
+absent."""
 
 import json
 import os
@@ -13,15 +14,16 @@ import numpy as np
 import pytest
 from tqdm import tqdm
 
-from jax_transformer.data import corpora, encode_worker, packing, prepare as prepare_module
+from jax_transformer.data import corpora
+from jax_transformer.data.prepared import encode_worker, pipeline
 from jax_transformer.data.corpora import CorpusError, CorpusReport
-from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, encode_pairs, \
+from jax_transformer.data.tokenizing import TOO_MANY_TOKENS, encode_lines, encode_pairs, \
     train_tokenizer
-from jax_transformer.data.packing import PackedBatches
-from jax_transformer.data.prepare import Encoding, NoneFits, key, prepare
-from jax_transformer.data.prepared import Prepared
-from jax_transformer.data.raw import Corpus, Source, given
-from jax_transformer.data.store import StoreWriter, TokenStore, fingerprint
+from jax_transformer.data.batches.packed import PackedBatches
+from jax_transformer.data.prepared.pipeline import Encoding, NoneFits, key, prepare
+from jax_transformer.data.prepared.directory import Prepared
+from jax_transformer.data.prepared.raw_text import Corpus, Source, given
+from jax_transformer.data.prepared.store import StoreWriter, TokenStore, fingerprint
 from tests.helpers import CORPUS_WORDS, tree_hashes, write_parallel
 from transformer_core.tokenizer import Tokenizer
 
@@ -89,7 +91,7 @@ def test_a_store_on_disk_gives_what_one_in_memory_does(tmp_path):
     assert fingerprint([TokenStore.in_memory(other)]) != fingerprint([memory])
 
 
-# --- prepare.py: the in-memory path's examples -----------------------------------------------
+# --- pipeline.py: the in-memory path's examples ---------------------------------------------
 
 def test_a_prepared_corpus_equals_the_in_memory_path(tmp_path):
     """The same tokenizer (byte for byte), the same examples in the same order (the
@@ -128,7 +130,7 @@ def test_workers_encode_in_parts_that_join_in_order(tmp_path, monkeypatch):
     corpus, encoding = parallel_corpus(src, tgt), Encoding(max_len=16, vocab_size=60)
     whole = prepare(tmp_path / "whole", corpus, encoding, log=lambda line: None,
                     progress=False)
-    monkeypatch.setattr(prepare_module, "PART_EXAMPLES", 200)
+    monkeypatch.setattr(pipeline, "PART_EXAMPLES", 200)
     parts = prepare(tmp_path / "parts", parallel_corpus(src, tgt), encoding,
                     log=lambda line: None, progress=False, workers=3)
     def entries(prepared):
@@ -268,41 +270,6 @@ def test_a_killed_preparation_leaves_nothing_a_run_could_take_for_whole(tmp_path
     assert "kept as it is" in again.stderr
 
 
-# --- packing in blocks ------------------------------------------------------------------------
-
-def test_an_epoch_of_several_blocks_serves_every_example_once_and_resumes(monkeypatch):
-    monkeypatch.setattr(packing, "PLAN_BLOCK", 70)
-    rng = np.random.default_rng(0)
-    src = [rng.integers(4, 50, rng.integers(1, 12)) for _ in range(200)]
-    tgt = [rng.integers(4, 50, rng.integers(1, 12)) for _ in range(200)]
-    data = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)], seed=3)
-    assert data.blocks == 3
-    served = sorted(i for _, rows in data.epoch_plan(0) for row in rows for i in row)
-    assert served == list(range(200))
-    uninterrupted = data.iterator()
-    total = len(data.epoch_plan(0))
-    reference = [next(uninterrupted) for _ in range(total + 5)]
-    for stop in (len(data.block_plan(0, 0)), len(data.block_plan(0, 0)) + 1, total - 1):
-        interrupted = data.iterator()
-        for _ in range(stop):
-            next(interrupted)
-        state = json.loads(json.dumps(interrupted.get_state()))
-        resumed = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)],
-                                seed=3).iterator(state)
-        for expected in reference[stop:stop + 4]:
-            batch = next(resumed)
-            for name in batch:
-                np.testing.assert_array_equal(batch[name], expected[name])
-    # A position saved before blocks (no "block") is one of a whole-epoch plan: refused
-    # where blocks change the plan, kept where there is one block.
-    old = {k: v for k, v in data.iterator().get_state().items() if k != "block"}
-    with pytest.raises(CorpusError, match="planned epochs whole"):
-        data.iterator(old)
-    monkeypatch.setattr(packing, "PLAN_BLOCK", 500)
-    single = PackedBatches(src, tgt, max_tokens=128, row_shapes=[(32, 32)], seed=3)
-    assert single.iterator(old).get_state()["block"] == 0
-
-
 # --- what jaxformer-prepare may replace ----------------------------------------------------
 
 def run_prepare(output, src, tgt, *flags) -> int:
@@ -382,7 +349,7 @@ def test_prepare_removes_only_the_stale_twins_it_made(tmp_path, capsys):
     assert {name: after[name] for name in before} == before
     ours = tmp_path / "p.tmp-99999998"  # an interrupted preparation's
     ours.mkdir()
-    (ours / prepare_module.TWIN_MARKER).write_text("")
+    (ours / pipeline.TWIN_MARKER).write_text("")
     assert run_prepare(tmp_path / "p", src, tgt, "--seed", "1") == 0
     assert not ours.exists() and tree_hashes(tmp_path / "p.tmp-99999999") == {
         name.removeprefix("p.tmp-99999999/"): digest for name, digest in before.items()
@@ -413,7 +380,7 @@ def test_a_preparation_from_before_keys_held_files_is_prepared_again(tmp_path, c
     manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
     del manifest["key"]["files"]
     (tmp_path / "p" / "manifest.json").write_text(json.dumps(manifest))
-    (tmp_path / "p" / prepare_module.TWIN_MARKER).unlink()
+    (tmp_path / "p" / pipeline.TWIN_MARKER).unlink()
     capsys.readouterr()
     assert run_prepare(tmp_path / "p", src, tgt) == 0
     assert "it was prepared before preparations recorded which files" in capsys.readouterr().err

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from jax_transformer.data.encoding import TOO_MANY_TOKENS, encode_lines, train_tokenizer
-from jax_transformer.data.packing import TEXT_KEYS, PackedBatches
-from jax_transformer.data.rows import fitting_row_shape
+from jax_transformer.data.tokenizing import TOO_MANY_TOKENS, encode_lines, train_tokenizer
+from jax_transformer.data.batches.packed import TEXT_KEYS, PackedBatches
+from jax_transformer.data.batches.rows import fitting_row_shape
 from jax_transformer.data.corpora import (COUNT_MAX, COUNT_MIN, EMPTY, TOO_LONG, UNDECODABLE,
                                           CorpusError, cardinal_words, counting_text,
                                           read_columns, read_parallel_text, read_text)

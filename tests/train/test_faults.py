@@ -23,8 +23,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jax_transformer.commands import train as train_command
-from jax_transformer.data.encoding import encode_pairs
-from jax_transformer.data.prepared import SPLITS, Prepared
+from jax_transformer.data.tokenizing import encode_pairs
+from jax_transformer.data.prepared.directory import SPLITS, Prepared
 from jax_transformer.train import checkpoints, disk_full, inputs
 from jax_transformer.train.records.workdir import MetricsLog, open_workdir
 from jax_transformer.train.selection import Patience

@@ -24,7 +24,7 @@ import pytest
 
 from jax_transformer.commands import train as train_command
 from jax_transformer.data import corpora
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.batches.packed import PackedBatches
 from jax_transformer.pretrained import to_torch_state_dict
 from jax_transformer.train import finetune, settings
 from jax_transformer.train.run import TrainingRun

@@ -15,7 +15,7 @@ import pytest
 from jax_transformer.commands import prepare as prepare_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.prepared import Prepared
+from jax_transformer.data.prepared.directory import Prepared
 from jax_transformer.train import inputs
 from tests.helpers import tree_hashes, write_parallel
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_run, tiny_settings

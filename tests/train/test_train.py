@@ -26,7 +26,7 @@ from jax_transformer.commands import train as train_command
 from jax_transformer.data import corpora
 from jax_transformer.train import checkpoints
 from transformer_core import checkpoint_dir
-from jax_transformer.data.packing import PackedBatches
+from jax_transformer.data.batches.packed import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.errors import RunFailed, TrainError

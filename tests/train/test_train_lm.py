@@ -16,7 +16,7 @@ from jax_transformer.applications import generator
 from jax_transformer.commands import port as port_command
 from jax_transformer.commands import train as train_command
 from jax_transformer.commands import translate as translate_command
-from jax_transformer.data.encoding import train_tokenizer
+from jax_transformer.data.tokenizing import train_tokenizer
 from jax_transformer.data.corpora import counting_text
 from jax_transformer.model import DecoderOnlyTransformer
 from jax_transformer.train import language_model, settings

@@ -12,7 +12,7 @@ gather and unmaps them after, so the pages it read stay in the page cache, not i
 the process's resident memory. A store on disk is checked without reading it whole:
 its files' sizes (`check_sizes`), and the ids of each gather against the vocabulary
 (`vocab_size`); a damaged file is a CorpusError naming it. Needs numpy (and
-corpora.py's CorpusError).
+data/corpora.py's CorpusError).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """From encoded sentences to packed, fixed-shape, token-budget batches that resume exactly.
 
-    src_ids, tgt_ids (lists of arrays, or stores: store.py) --PackedBatches--> {"src",
-        "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments",
+    src_ids, tgt_ids (lists of arrays, or stores: data/prepared/store.py) --PackedBatches-->
+        {"src", "src_segments", "src_positions", "tgt_in", "tgt_out", "tgt_segments",
         "tgt_positions"}  (R, L) each
-    ids of lines (encoding.encode_lines) --PackedBatches(None, ids)--> the target side
+    ids of lines (tokenizing.encode_lines) --PackedBatches(None, ids)--> the target side
         alone, TEXT_KEYS
 
 Packing (as in the Flax WMT example). Several pairs share a row: the source row
@@ -41,10 +41,10 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from jax_transformer.data import store
+from jax_transformer.data.batches.rows import pack_rows, positions_needed
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.rows import pack_rows, positions_needed
-from jax_transformer.data.store import TokenStore
+from jax_transformer.data.prepared import store
+from jax_transformer.data.prepared.store import TokenStore
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PLAN_BLOCK = 500_000  # examples packed together; an epoch of more is planned block by block

@@ -3,7 +3,7 @@
     pairs or lines --train_tokenizer--> Tokenizer (one vocabulary for both sides)
     pairs --encode_pairs--> src_ids, tgt_ids (int32 piece arrays, no specials; with our
                             tokenizer or any checkpoint's, e.g. a converted Marian model's)
-    lines --encode_lines--> ids, a language model's (packing.PackedBatches(None, ids))
+    lines --encode_lines--> ids, a language model's (batches.packed.PackedBatches(None, ids))
 
 Examples longer than max_len tokens are skipped and counted. Needs numpy and
 sentencepiece, not JAX.
@@ -23,9 +23,9 @@ from transformer_core.tokenizer import UNK_ID, CheckpointTokenizer, Tokenizer
 TOO_MANY_TOKENS = "too many tokens"  # skip reason counted by encode_pairs
 ENCODE_CHUNK = 10_000  # texts per SentencePiece call (encode_pairs, encode_lines)
 # Examples a tokenizer trains on, at most: SentencePiece holds every sentence it trains
-# on, about 5.4 KiB a pair (250,000 pairs: 1.4 GiB; 1M would take 5.4 GiB).
+# on in memory (docs/data.md, "Prepared corpora").
 TOKENIZER_SAMPLE = 250_000
-UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (encode_worker.py)
+UNKNOWN_SHARE = 0.25  # a text this much <unk> has many unknown pieces (prepared/encode_worker)
 
 
 def train_tokenizer(examples: Sequence[Pair] | Sequence[str], model_path: str | os.PathLike,

@@ -3,22 +3,22 @@
     prepare(DIR, corpus, encoding)   read the text once (streaming), hold out dev and
                                      test, train the tokenizer on a sample, encode every
                                      split on every core, write DIR whole or not at all
-                                     (its files: prepared.py, which reads it back)
+                                     (its files: directory.py, which reads it back)
 
 The pipeline (fairseq-preprocess's, with train.py's own splitting and bad-data policy):
 
     1. read: the corpus is read once, line by line, into raw UTF-8 stores in DIR's
-       temporary twin (the bad-data policy of corpora.py, with its line numbers)
+       temporary twin (raw_text.py; the bad-data policy of data/corpora.py, with its line numbers)
     2. split: a user's corpus is shuffled by the encoding's seed and dev/test held out,
        exactly as corpora.holdout_split does; the built-in corpora come split
     3. tokenizer: trained on the training split (a sample of TOKENIZER_SAMPLE examples of
-       a larger one), its sentences streamed from the raw store, as encoding.train_tokenizer
+       a larger one), its sentences streamed from the raw store, as tokenizing.train_tokenizer
     4. encode: each split in parts, one process a part (encode_worker.py), pieces over
        max_len dropped and counted; the parts joined in order
     5. the fingerprint of each split (store.fingerprint), the manifest, and a rename
 
 The splits hold the same examples in the same order as the in-memory path
-(corpora -> encoding.encode_pairs), so their batches and fingerprints are the same.
+(corpora -> tokenizing.encode_pairs), so their batches and fingerprints are the same.
 Nothing but DIR's temporary twin (DIR.tmp-PID) is written until the last rename: an
 interrupted preparation leaves no DIR that a later run could take for a whole one.
 Nothing prepare did not write is removed: an existing DIR is replaced only when it is
@@ -39,13 +39,14 @@ from typing import Callable
 
 import numpy as np
 
-from jax_transformer.data import encode_worker
-from jax_transformer.data.raw import Corpus, Log, RawSplit, read_splits, write_examples
 from jax_transformer.data.corpora import CorpusError, CorpusReport
-from jax_transformer.data.encoding import TOKENIZER_SAMPLE, TOO_MANY_TOKENS, UNKNOWN_SHARE
-from jax_transformer.data.prepared import (FORMAT, MANIFEST, SPLITS, Prepared, file_sha256,
-                                           link_or_copy)
-from jax_transformer.data.store import TokenStore, fingerprint, ids_dtype
+from jax_transformer.data.prepared import encode_worker
+from jax_transformer.data.prepared.directory import (FORMAT, MANIFEST, SPLITS, Prepared,
+                                                     file_sha256, link_or_copy)
+from jax_transformer.data.prepared.raw_text import (Corpus, Log, RawSplit, read_splits,
+                                                    write_examples)
+from jax_transformer.data.prepared.store import TokenStore, fingerprint, ids_dtype
+from jax_transformer.data.tokenizing import TOKENIZER_SAMPLE, TOO_MANY_TOKENS, UNKNOWN_SHARE
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.errors import listing
 from transformer_core.progress import progress_bar
@@ -336,7 +337,7 @@ class _Stages:
 # --- 3. the tokenizer ----------------------------------------------------------------------
 
 def _train_tokenizer(path: Path, train: RawSplit, encoding: Encoding, say: Log) -> Tokenizer:
-    """encoding.train_tokenizer's sample and sentence order, streamed from the raw store."""
+    """tokenizing.train_tokenizer's sample and sentence order, streamed from the raw store."""
     chosen = np.arange(len(train))
     if len(train) > TOKENIZER_SAMPLE:
         chosen = np.sort(np.random.default_rng(encoding.seed).choice(

@@ -1,4 +1,4 @@
-"""A prepared corpus on disk (prepare.py writes it): the directory, its manifest, and
+"""A prepared corpus on disk (pipeline.py writes it): the directory, its manifest, and
 its stores read back.
 
     DIR/manifest.json          what it was prepared from (`key`: the corpus's settings,
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.store import TokenStore, check_sizes, damaged
+from jax_transformer.data.prepared.store import TokenStore, check_sizes, damaged
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.errors import listing
 

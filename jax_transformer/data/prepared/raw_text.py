@@ -1,4 +1,4 @@
-"""A corpus as a preparation first reads it (prepare.py): raw UTF-8 stores on disk, one
+"""A corpus as a preparation first reads it (pipeline.py): raw UTF-8 stores on disk, one
 per source and side, and the splits held out of them.
 
     Corpus, Source   what to read: the sources of the splits, how many to hold out
@@ -20,10 +20,10 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from jax_transformer.data import encode_worker
 from jax_transformer.data.corpora import CorpusError, CorpusReport, no_usable
-from jax_transformer.data.prepared import SPLITS
-from jax_transformer.data.store import StoreWriter, TokenStore
+from jax_transformer.data.prepared import encode_worker
+from jax_transformer.data.prepared.directory import SPLITS
+from jax_transformer.data.prepared.store import StoreWriter, TokenStore
 from transformer_core.progress import progress_bar
 
 READ_CHUNK = 10_000  # examples written to the raw stores at a time

@@ -1,5 +1,6 @@
-"""Our own formats -> the checkpoint directory: torch_reference state dicts and
-train.py's orbax training checkpoints."""
+"""Our own checkpoints in their other forms -> the checkpoint directory: torch_reference
+state dicts (--from torch-reference) and train.py's orbax training checkpoints (--from
+jax-orbax)."""
 
 from __future__ import annotations
 

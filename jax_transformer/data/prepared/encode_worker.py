@@ -1,15 +1,14 @@
 """One part of a split encoded, in a process of its own: `python -m
-jax_transformer.data.encode_worker JOB.json`; `run` starts one a part (prepare.py: one a
-core) and `join_parts` joins their stores in order.
+jax_transformer.data.prepared.encode_worker JOB.json`; `run` starts one a part
+(pipeline.py: one a core) and `join_parts` joins their stores in order.
 
 It reads examples start..stop of the split from the raw stores (the split's order is
-RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as encoding.encode_pairs
+RAW/SPLIT.index.npy, rows of RAW/STORE.SIDE.*), encodes them as tokenizing.encode_pairs
 would (our tokenizer a chunk of texts a call; a checkpoint's pair by pair), drops those
-over max_len, and
-writes OUTPUT.SIDE.* (store.py) and, last, OUTPUT.json: how many it kept, how many were
-too long (and the first, counted from `start`), how many are mostly <unk>, its seconds. A process
-of its own, not a thread or a fork: the Python work (decoding, numpy) runs on every
-core, and the parent's threads (JAX's) are not copied.
+over max_len, and writes OUTPUT.SIDE.* (store.py) and, last, OUTPUT.json: how many it
+kept, how many were too long (and the first, counted from `start`), how many are mostly
+<unk>, its seconds. A process of its own, not a thread or a fork: the Python work
+(decoding, numpy) runs on every core, and the parent's threads (JAX's) are not copied.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from jax_transformer.data.corpora import CorpusError
-from jax_transformer.data.encoding import UNKNOWN_SHARE
-from jax_transformer.data.store import StoreWriter, TokenStore
+from jax_transformer.data.prepared.store import StoreWriter, TokenStore
+from jax_transformer.data.tokenizing import UNKNOWN_SHARE
 from transformer_core.errors import InputError
 from transformer_core.tokenizer import Tokenizer
 
@@ -128,7 +127,7 @@ def run(jobs: list[Job], bar: tqdm) -> None:
         Path(f"{job.output}.job").write_text(json.dumps(dataclasses.asdict(job)))
         with open(f"{job.output}.err", "w") as err:  # no preexec_fn: no fork of JAX's threads
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "jax_transformer.data.encode_worker",
+                [sys.executable, "-m", "jax_transformer.data.prepared.encode_worker",
                  f"{job.output}.job"], stderr=err))
     try:
         codes = [None]

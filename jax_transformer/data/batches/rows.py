@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from jax_transformer.data.store import TokenStore
+from jax_transformer.data.prepared.store import TokenStore
 
 DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 ROWS_CHECKED = 8  # pack_rows: open rows tried per target room before looking further
