@@ -247,6 +247,26 @@ def test_a_failing_worker_stops_the_others_and_says_why(tmp_path):
         encode_worker.run(jobs, tqdm(disable=True))
 
 
+def test_the_worker_that_failed_is_reported_not_the_one_stopped_for_it(tmp_path, monkeypatch):
+    """Part 0 still runs (a sleep stands in for it) when part 1 fails: the error is part
+    1's, not the SIGKILL that stopped part 0."""
+    jobs = [encode_worker.Job(raw=str(tmp_path), split="train", store="train", start=10 * k,
+                              stop=10 * k + 10, output=str(tmp_path / f"part{k}"), sides=["tgt"],
+                              max_len=8, unknown_ids=[1], dtype="uint16",
+                              tokenizer=str(tmp_path / "missing.model")) for k in range(2)]
+    popen = subprocess.Popen
+
+    def part_0_sleeps(argv, **kwargs):
+        if argv[-1].endswith("part0.job"):
+            argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+        return popen(argv, **kwargs)
+
+    monkeypatch.setattr(encode_worker.subprocess, "Popen", part_0_sleeps)
+    with pytest.raises(RuntimeError, match=r"(?s)encoding examples 10-20 of the train split "
+                                           r"failed \(exit 1\): .*missing.model"):
+        encode_worker.run(jobs, tqdm(disable=True))
+
+
 @pytest.mark.slow  # a subprocess, killed
 def test_a_killed_preparation_leaves_nothing_a_run_could_take_for_whole(tmp_path):
     src, tgt = write_parallel(tmp_path, 60_000)

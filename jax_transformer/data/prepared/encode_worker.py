@@ -140,8 +140,10 @@ def run(jobs: list[Job], bar: tqdm) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+    # The worker that failed on its own, not one killed above because it did.
+    failed_first = [p for p, code in zip(procs, codes) if code] or procs
     for job, p in zip(jobs, procs):
-        if p.returncode:
+        if p.returncode and p in failed_first:
             error = Path(f"{job.output}.err").read_text().strip()[-2000:]
             raise RuntimeError(f"encoding examples {job.start}-{job.stop} of the {job.split} "
                                f"split failed (exit {p.returncode}): {error}")
