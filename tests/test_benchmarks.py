@@ -615,6 +615,7 @@ def test_race_peer_variants():
     assert sorted(map(tuple, shapes)) == [(2, 8), (2, 16), (2, 24), (2, 32)]  # one width each
 
 
+@pytest.mark.slow  # imports transformers' Marian
 def test_race_peer_init_variant_draws_embeddings_at_d_model_to_the_minus_half():
     from argparse import Namespace
     from benchmarks import race_peer
