@@ -45,7 +45,7 @@ def prepared_step(train_flags: list[str], count: int):
     from jax_transformer.train import cpu_devices
     from jax_transformer.train.runtime import compiling, host_memory
     from jax_transformer.train.run import TrainingRun
-    from jax_transformer.train.settings import default_compile_cache
+    from jax_transformer.train.settings.training import default_compile_cache
 
     settings = parse_args(train_flags)
     cpu_devices.split_cpu(settings)  # the run's devices, unless the environment sets them

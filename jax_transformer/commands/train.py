@@ -38,11 +38,12 @@ from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared import MANIFEST, Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.runtime import jax_variables
-from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
-                                            PRESET_TRAIN_DEFAULTS, PRESETS,
-                                            TASK_DEFAULTS, DataSettings, ModelSettings,
-                                            RunSettings, TrainError, TrainSettings,
-                                            from_prepared, prepared_settings)
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.data import DataSettings, from_prepared, prepared_settings
+from jax_transformer.train.settings.model import DEFAULT_PRESET, PRESETS, ModelSettings
+from jax_transformer.train.settings.training import (FINETUNE_DEFAULTS, PRESET_TRAIN_DEFAULTS,
+                                                     TASK_DEFAULTS, TrainSettings)
+from transformer_core.errors import TrainError
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:

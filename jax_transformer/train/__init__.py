@@ -2,18 +2,16 @@
 it writes in records/.
 
     run.py          TrainingRun: prepare, the loop, export, evaluate
-    settings.py     DataSettings, ModelSettings, TrainSettings: train.py's flags, typed;
-                    each says whether a resume may change it
-    run_args.py     the settings' history: older run_args.json files in today's names
-    resume.py       run_args.json: the settings a resume must repeat, checked
+    settings/       train.py's flags, typed (RunSettings): data.py, model.py (--preset),
+                    training.py, fields.py (a setting: its flag, whether a resume may
+                    change it), history.py (older run_args.json files in today's names),
+                    resume.py (run_args.json: the settings a resume must repeat, checked)
     corpus.py       the corpus the data flags name
     inputs.py       the prepared corpus, the tokenizer, the batches
     prefetch.py     the next batches on the devices ahead of use
-    task.py         Task: translation.py (--task translate), language_model.py (--task lm)
     step.py         the loss, the schedules, Adam, build_trainer, Trainer (jit-compiled steps)
     selection.py    Policy (which steps are evaluated and saved), --keep-best, --patience,
                     --export last | best | average
-    evaluation.py   held-out loss and nll, exact match, sacreBLEU, chrF, unigram entropy
     finetune.py     --init-from: a checkpoint's config, weights and tokenizer
     checkpoints.py  orbax checkpoints of step.py's TrainState (Checkpointer, restore_model),
                     damaged ones set aside
@@ -21,6 +19,10 @@ it writes in records/.
                     the checkpoint a resume starts from
     distributed.py  --distributed: joining the other processes, ending together
     cpu_devices.py  --cpu-devices: a CPU split into JAX devices
+    tasks/          what --task trains and how each judges a model: Task and TASKS
+                    (__init__.py), translation.py (--task translate), language_model.py
+                    (--task lm), metrics.py (held-out loss and nll, exact match,
+                    sacreBLEU, chrF, unigram entropy)
     runtime/        the process, knowing nothing of train.py's settings: signals.py
                     (SIGINT/SIGTERM for every command), interrupts.py (train.py's deferred
                     stops, --time-budget), peers.py (the other processes: a watch, posted

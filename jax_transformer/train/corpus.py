@@ -16,7 +16,7 @@ from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusReport
 from jax_transformer.data.prepared import SPLITS
 from jax_transformer.data.raw import Corpus, Source, given
-from jax_transformer.train.settings import DataSettings
+from jax_transformer.train.settings.data import DataSettings
 
 
 def corpus(data: DataSettings, seed: int) -> Corpus:

@@ -28,7 +28,8 @@ from jax_transformer.data.prepared import Prepared, file_sha256, link_or_copy
 from jax_transformer.data.rows import fitting_row_shape, positions_needed
 from jax_transformer.train import corpus as train_corpus
 from jax_transformer.train.runtime import peers, signals
-from jax_transformer.train.settings import DataSettings, RunSettings
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.data import DataSettings
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerError

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jax_transformer.data.prepared import SPLITS
-from jax_transformer.train import (cpu_devices, disk_full, distributed, evaluation, finetune,
+from jax_transformer.train import (cpu_devices, disk_full, distributed, finetune,
                                    selection)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
@@ -35,12 +35,14 @@ from jax_transformer.train.records.report import replicas, state_bytes, training
 from jax_transformer.train.records.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.records.workdir import (METRICS_FILE, MetricsLog, open_workdir,
                                                    write_text_atomically)
-from jax_transformer.train.resume import FINGERPRINT, check_run_settings, recorded_settings
+from jax_transformer.train.settings.resume import FINGERPRINT, check_run_settings, recorded_settings
 from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
                                            sharding, signals)
-from jax_transformer.train.settings import RunSettings, default_compile_cache
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.training import default_compile_cache
 from jax_transformer.train.step import build_trainer, layers_scanned
-from jax_transformer.train.task import TASKS
+from jax_transformer.train.tasks import TASKS
+from jax_transformer.train.tasks.metrics import heldout_loss
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import (CONFIG_FILE, directory_written_whole,
                                             write_atomically)
@@ -352,7 +354,7 @@ class TrainingRun:
         exp(nll) and, translating, BLEU and chrF of the dev set translated
         (--dev-bleu-sentences), written and printed beside the newest training loss;
         returns the scores as --keep-best names them."""
-        dev = evaluation.heldout_loss(self.trainer, state, self.batches["dev"])
+        dev = heldout_loss(self.trainer, state, self.batches["dev"])
         with jax.transfer_guard("allow"):  # the translation puts its sources on the device
             scores = self.task.dev_scores(self.trainer.local_model(state), self.tokenizer,
                                           self.data.examples("dev"), self.settings.train)
@@ -447,7 +449,7 @@ class TrainingRun:
         model = self.trainer.local_model(state)
         results = {"step": int(state.step), "export": export, "training": report}
         for split in ("dev", "test"):
-            results[split] = evaluation.heldout_loss(self.trainer, state, self.batches[split])
+            results[split] = heldout_loss(self.trainer, state, self.batches[split])
         results["dev"].update(self.final_dev_scores(model, state, export))
         started = time.time()
         decoded = self.task.evaluate_test(model, self.tokenizer, self.data.examples("test"),
@@ -486,7 +488,7 @@ class TrainingRun:
             log(f"{path} is missing: eval.json will have no \"start\"")
             return None
         state = self.trainer.initial_state
-        start = {split: evaluation.heldout_loss(self.trainer, state, self.batches[split])
+        start = {split: heldout_loss(self.trainer, state, self.batches[split])
                  for split in ("dev", "test")}
         decoded = self.task.evaluate_test(self.trainer.local_model(state), self.tokenizer,
                                           self.data.examples("test"), self.settings.train,

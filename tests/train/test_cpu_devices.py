@@ -14,7 +14,7 @@ import pytest
 from jax_transformer.commands import train as train_command
 from jax_transformer.train.cpu_devices import chosen_count, split_cpu
 from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.settings import MAX_CPU_DEVICES
+from jax_transformer.train.settings.training import MAX_CPU_DEVICES
 from transformer_core.errors import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 

@@ -30,12 +30,12 @@ from jax_transformer.data.packing import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.errors import RunFailed, TrainError
-from jax_transformer.train import settings
+from jax_transformer.train.settings.model import DERIVED_MODEL_FIELDS, ModelSettings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
 from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.run_args import ADDED_SETTINGS
-from jax_transformer.train.resume import check_run_settings, recorded_settings
+from jax_transformer.train.settings.history import ADDED_SETTINGS
+from jax_transformer.train.settings.resume import check_run_settings, recorded_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
 
@@ -155,10 +155,10 @@ def test_the_model_settings_are_the_config_s_fields():
     """ModelSettings is written out field by field: every TransformerConfig field the
     data do not decide is a model flag, of the same type and with the same help."""
     config_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-    model_fields = {f.name: f for f in dataclasses.fields(settings.ModelSettings)}
-    assert set(model_fields) == set(config_fields) - set(settings.DERIVED_MODEL_FIELDS)
+    model_fields = {f.name: f for f in dataclasses.fields(ModelSettings)}
+    assert set(model_fields) == set(config_fields) - set(DERIVED_MODEL_FIELDS)
     config_types = typing.get_type_hints(TransformerConfig)
-    model_types = typing.get_type_hints(settings.ModelSettings)
+    model_types = typing.get_type_hints(ModelSettings)
     for name, field in model_fields.items():
         assert model_types[name] == config_types[name], name
         assert field.metadata["help"] == config_fields[name].metadata["help"], name
