@@ -18,7 +18,6 @@ it writes in records/.
     disk_full.py    a full disk, or checkpoints that refuse writes, as one line naming
                     the checkpoint a resume starts from
     distributed.py  --distributed: joining the other processes, ending together
-    cpu_devices.py  --cpu-devices: a CPU split into JAX devices
     tasks/          what --task trains and how each judges a model: Task and TASKS
                     (__init__.py), translation.py (--task translate), language_model.py
                     (--task lm), metrics.py (held-out loss and nll, exact match,
@@ -29,6 +28,7 @@ it writes in records/.
                     failures, agreed stops), compiling.py (ahead-of-time compiles, the
                     persistent cache, compile counts), host_memory.py (glibc keeps freed
                     host memory), process_clock.py (seconds since the process started),
+                    cpu_devices.py (--cpu-devices: a CPU split into JAX devices),
                     jax_variables.py (JAX_PLATFORMS, ... checked as bad input),
                     sharding.py (the data x fsdp mesh; --fsdp's split of the state)
     records/        what a run writes as it goes: workdir.py (the lock, metrics.jsonl,

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from jax_transformer.data.prepared import SPLITS
-from jax_transformer.train import (cpu_devices, disk_full, distributed, finetune,
+from jax_transformer.train import (disk_full, distributed, finetune,
                                    selection)
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
@@ -36,7 +36,7 @@ from jax_transformer.train.records.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.records.workdir import (METRICS_FILE, MetricsLog, open_workdir,
                                                    write_text_atomically)
 from jax_transformer.train.settings.resume import FINGERPRINT, check_run_settings, recorded_settings
-from jax_transformer.train.runtime import (compiling, host_memory, interrupts, jax_variables,
+from jax_transformer.train.runtime import (compiling, cpu_devices, host_memory, interrupts, jax_variables,
                                            sharding, signals)
 from jax_transformer.train.settings import RunSettings
 from jax_transformer.train.settings.training import default_compile_cache
@@ -76,7 +76,7 @@ class TrainingRun:
         settings = self.settings.train
         disk_full.quiet_echoes(Path(settings.workdir))
         distributed.check_environment(settings)
-        cpu_devices.split_cpu(self.settings)
+        cpu_devices.split_cpu(settings.cpu_devices, self.settings.data.fewest_rows)
         host_memory.keep_freed_memory()
         if settings.distributed:
             distributed.initialize(settings)

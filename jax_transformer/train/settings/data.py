@@ -114,6 +114,11 @@ class DataSettings:
     def architecture(self) -> str:
         return TASK_ARCHITECTURES[self.task]
 
+    @property
+    def fewest_rows(self) -> int:
+        """The rows of a batch of --max-len sentences, the fewest a batch has."""
+        return self.max_tokens // self.max_len
+
 
 name_metavars(DataSettings)
 
