@@ -28,7 +28,7 @@ from jax_transformer.train import (disk_full, distributed, finetune,
 from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import (batch_multiple, log, make_batches, prepared_corpus,
                                           run_tokenizer, set_data_position)
-from jax_transformer.train.prefetch import Prefetcher
+from jax_transformer.train.inputs import Prefetcher
 from jax_transformer.train.records import plots
 from jax_transformer.train.records.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.records.report import replicas, state_bytes, training_report
