@@ -231,8 +231,8 @@ def exit_would_wait() -> bool:
 def train(argv=None) -> int:
     settings, init = command_line(argv)  # bad flags fail here, before JAX loads
     jax_variables.import_jax()
-    from jax_transformer.train.run import TrainingRun
-    summary = TrainingRun(settings, init).run()
+    from jax_transformer.train import run
+    summary = run.run(settings, init)
     print(json.dumps(final_results(settings, summary), indent=2), file=sys.stdout)
     return 0
 

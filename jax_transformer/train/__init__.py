@@ -1,14 +1,14 @@
-"""Training: the run and its maths here; the process under it in runtime/, and what
-it writes in records/.
+"""Training: the run and its maths here; the settings, the tasks, the process under the
+run and what it writes in folders of their own.
 
-    run.py          TrainingRun: prepare, the loop, export, evaluate
-    settings/       train.py's flags, typed (RunSettings): data.py, model.py (--preset),
-                    training.py, fields.py (a setting: its flag, whether a resume may
-                    change it), history.py (older run_args.json files in today's names),
-                    resume.py (run_args.json: the settings a resume must repeat, checked)
+    run.py          run(settings, init): the process set up, the work directory locked,
+                    then prepare, the loop, the export and the final evaluation
+    preparation.py  PreparedRun, the run as data, and prepare(), which builds it
+    loop.py         train(run): the training loop
+    export.py       WORKDIR/export and the final evaluation (eval.json); start_eval.json
     corpus.py       the corpus the data flags name
-    inputs.py       the prepared corpus, the tokenizer, the batches
-    prefetch.py     the next batches on the devices ahead of use
+    inputs.py       the prepared corpus, the tokenizer, the batches; the Prefetcher that
+                    puts the next ones on the devices ahead of use
     step.py         the loss, the schedules, Adam, build_trainer, Trainer (jit-compiled steps)
     selection.py    Policy (which steps are evaluated and saved), --keep-best, --patience,
                     --export last | best | average
@@ -18,6 +18,10 @@ it writes in records/.
     disk_full.py    a full disk, or checkpoints that refuse writes, as one line naming
                     the checkpoint a resume starts from
     distributed.py  --distributed: joining the other processes, ending together
+    settings/       train.py's flags, typed (RunSettings): data.py, model.py (--preset),
+                    training.py, fields.py (a setting: its flag, whether a resume may
+                    change it), history.py (older run_args.json files in today's names),
+                    resume.py (run_args.json: the settings a resume must repeat, checked)
     tasks/          what --task trains and how each judges a model: Task and TASKS
                     (__init__.py), translation.py (--task translate), language_model.py
                     (--task lm), metrics.py (held-out loss and nll, exact match,

@@ -184,6 +184,12 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.close()
 
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
 
 def root_cause(error: BaseException) -> BaseException:
     """The error that `error` was raised from (`raise ... from`, followed to its start):

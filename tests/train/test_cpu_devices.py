@@ -13,7 +13,7 @@ import pytest
 
 from jax_transformer.commands import train as train_command
 from jax_transformer.train.runtime.cpu_devices import chosen_count, split_cpu
-from jax_transformer.train.run import TrainingRun
+from jax_transformer.train import run as training_run
 from jax_transformer.train.settings.training import MAX_CPU_DEVICES
 from transformer_core.errors import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
@@ -55,7 +55,7 @@ def test_a_count_out_of_range_is_one_line_naming_the_bound(tmp_path, capsys, mon
                                                            count):
     """Before: --cpu-devices 100000 printed nothing and ran on (still starting JAX's
     devices after 120 s)."""
-    monkeypatch.setattr(TrainingRun, "run", lambda self: pytest.fail("the run started"))
+    monkeypatch.setattr(training_run, "run", lambda *_: pytest.fail("the run started"))
     code = train_command.main(["--workdir", str(tmp_path / "run"), "--cpu-devices", count])
     assert code == 2 and capsys.readouterr().err.splitlines() == [
         f"error: --cpu-devices must be from 1 to {MAX_CPU_DEVICES} (no CPU has more cores to "
