@@ -27,7 +27,7 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 # One CPU device, in this process and the train.py processes tests start, unless a test
-# asks for more: train.py's own default (2 on a CPU, train/cpu_devices.py) would
+# asks for more: train.py's own default (2 on a CPU, train/runtime/cpu_devices.py) would
 # otherwise hold for whichever in-process run first starts JAX in a worker, and for
 # every later test of that worker. tests/train/test_cpu_devices.py runs the default.
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")

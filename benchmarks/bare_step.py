@@ -42,19 +42,22 @@ def prepared_step(train_flags: list[str], count: int):
     import jax
 
     from jax_transformer.commands.train import parse_args
-    from jax_transformer.train import cpu_devices
-    from jax_transformer.train.runtime import compiling, host_memory
-    from jax_transformer.train.run import TrainingRun
-    from jax_transformer.train.settings import default_compile_cache
+    from jax_transformer.train.checkpoints import Checkpointer
+    from jax_transformer.train.preparation import prepare
+    from jax_transformer.train.runtime import compiling, cpu_devices, host_memory
+    from jax_transformer.train.settings.training import default_compile_cache
 
+    started_at = time.monotonic()
     settings = parse_args(train_flags)
-    cpu_devices.split_cpu(settings)  # the run's devices, unless the environment sets them
+    # the run's devices, unless the environment sets them
+    cpu_devices.split_cpu(settings.train.cpu_devices, settings.data.fewest_rows)
     host_memory.keep_freed_memory()  # as train.py does
-    compiling.use_compilation_cache(settings.train.compile_cache,
-                                    default=default_compile_cache())
-    run = TrainingRun(settings)
-    run.primary, run.workdir = False, Path(settings.train.workdir)  # reads the run's files only
-    run.prepare()
+    compile_cache = compiling.use_compilation_cache(settings.train.compile_cache,
+                                                    default=default_compile_cache())
+    workdir = Path(settings.train.workdir)
+    with Checkpointer(workdir) as checkpointer:  # a reader: as not primary, writes nothing
+        run = prepare(settings, None, workdir, False, checkpointer, compile_cache=compile_cache,
+                      started_at=started_at)
     iterator = run.batches["train"].iterator()
     host_batches = [next(iterator) for _ in range(count)]
     device_batches = [run.trainer.shard_batch(b) for b in host_batches]

@@ -64,7 +64,7 @@ def make_data(args, workdir: Path):
     from jax_transformer.data import natural
     from jax_transformer.data.tokenizing import encode_pairs, train_tokenizer
     from jax_transformer.train.inputs import make_batches
-    from jax_transformer.train.settings import DataSettings
+    from jax_transformer.train.settings.data import DataSettings
 
     pairs = natural.natural_length_corpus(args.pairs + 200, seed=0)
     splits = {"train": pairs[200:], "dev": pairs[:100], "test": pairs[100:200]}
@@ -204,7 +204,7 @@ def main(argv=None) -> dict:
 
     from jax_transformer.model import Transformer
     from jax_transformer.pretrained import to_torch_state_dict
-    from jax_transformer.train.settings import ModelSettings
+    from jax_transformer.train.settings.model import ModelSettings
 
     with tempfile.TemporaryDirectory() as workdir:
         tokenizer, data = make_data(args, Path(workdir))

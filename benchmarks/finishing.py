@@ -97,7 +97,7 @@ def finished_models(workdir: Path) -> dict[str, dict]:
 def judge(models: dict[str, dict], sources: list[str], references: list[str]) -> list[dict]:
     """Each model's test BLEU and chrF (sacreBLEU, with signatures) for each search."""
     from jax_transformer.applications import translator
-    from jax_transformer.train.evaluation import translation_metrics
+    from jax_transformer.train.tasks.metrics import translation_metrics
     rows = []
     for name, model_info in models.items():
         model, tokenizer = translator.load(model_info["dir"], "jax")

@@ -195,7 +195,7 @@ def check_output(hypotheses: list[str], references: list[str], path: Path) -> di
     the output/reference length ratio (BLEU's tokens), and whether it collapsed: more
     than COLLAPSED_SHARE of the lines empty or one same line."""
     import sacrebleu
-    from jax_transformer.train.evaluation import translation_metrics
+    from jax_transformer.train.tasks.metrics import translation_metrics
     path.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses))
     metrics = translation_metrics(hypotheses, references)
     lengths = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references])

@@ -214,9 +214,9 @@ def test_an_nllb_tokenizer_with_the_source_code_last_is_refused(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("finetuned", ["m2m100"], indirect=True)  # FSMT takes no codes
 def test_a_resume_needs_the_same_language_codes(finetuned):
-    from jax_transformer.train.run import TrainingRun
+    from jax_transformer.train.run import run
     *_, flags = finetuned
     flags = [("de" if i and flags[i - 1] == "--tgt-lang-code" else flag)
              for i, flag in enumerate(flags)]
     with pytest.raises(TrainError, match=r"other settings \(--tgt-lang-code 'fr' -> 'de'\)"):
-        TrainingRun(train_command.parse_args(flags)).run()
+        run(train_command.parse_args(flags))

@@ -1,7 +1,7 @@
 """The layout's promises: a neutral core, commands on top of libraries, no import cycles
 (between modules or folders, lazy imports included), no test module imported by another
-module, functions that fit a screen, and modules short enough to read (a warning, not a
-reason to split a concept)."""
+module, functions that fit a screen, modules short enough to read (in benchmarks/, a
+warning), and a train/ whose top a reader takes in at a glance."""
 
 import ast
 import subprocess
@@ -14,7 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transformer_core", "jax_transformer", "torch_reference")
 TEST_FOLDERS = ("tests", "parity_tests")
 COMMANDS = "jax_transformer.commands"
-MAX_LINES = 400  # a module's; over it, a warning
+MAX_LINES = 400  # a module's: over it, a failure in PACKAGES, a warning in benchmarks/
+# Longer modules of PACKAGES, each with the reason it stays whole.
+LONG_MODULES: dict[str, str] = {}
+TRAIN = ROOT / "jax_transformer" / "train"
+MAX_TRAIN_MODULES = 12  # at train/'s top, besides __init__.py; subpackages are folders
 MAX_FUNCTION_LINES = 60  # a function's or method's, its docstring not counted
 # Longer functions, each with the reason it stays whole.
 LONG_FUNCTIONS = {
@@ -192,9 +196,47 @@ def test_the_function_length_check_can_fail():
     assert function_lengths(source, "m") == {"m.A.f": MAX_FUNCTION_LINES + 2}
 
 
-def test_long_modules_are_named():
-    long = {name: n for name, path in modules(PACKAGES + ("benchmarks",)).items()
+def long_modules(known: dict[str, Path]) -> dict[str, int]:
+    """Each module of `known` over MAX_LINES lines -> its length."""
+    return {name: n for name, path in known.items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    if long:
-        warnings.warn(f"modules over {MAX_LINES} lines (split by concept, if one is "
-                      f"hiding in there): {long}")
+
+
+def test_modules_are_short_enough_to_read():
+    long = long_modules(modules())
+    assert not {name: n for name, n in long.items() if name not in LONG_MODULES}, (
+        f"modules over {MAX_LINES} lines (split by concept): {long}")
+    assert set(LONG_MODULES) <= set(long), "an allowed module got short"
+    benchmarks = long_modules(modules(("benchmarks",)))
+    if benchmarks:
+        warnings.warn(f"benchmarks over {MAX_LINES} lines (split by concept, if one is "
+                      f"hiding in there): {benchmarks}")
+
+
+def test_the_module_length_check_can_fail(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    assert long_modules({"long": tmp_path / "long.py", "short": tmp_path / "short.py"}) == {
+        "long": MAX_LINES + 1}
+
+
+def top_modules(folder: Path) -> list[str]:
+    """The modules directly in `folder`, its __init__.py left out."""
+    return sorted(path.stem for path in folder.glob("*.py") if path.name != "__init__.py")
+
+
+def test_train_has_at_most_12_modules_at_its_top():
+    """A reader looking for a concept in train/ scans its top: the run, the loop, the
+    export, the step, ...; the rest is grouped in folders (settings/, tasks/, runtime/,
+    records/)."""
+    found = top_modules(TRAIN)
+    assert "run" in found and len(found) <= MAX_TRAIN_MODULES, (
+        f"train/ has {len(found)} modules at its top (at most {MAX_TRAIN_MODULES}): {found}")
+
+
+def test_the_train_module_count_can_fail(tmp_path):
+    for name in ["__init__", *(f"m{i}" for i in range(MAX_TRAIN_MODULES + 1))]:
+        (tmp_path / f"{name}.py").write_text("")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "inner.py").write_text("")
+    assert len(top_modules(tmp_path)) == MAX_TRAIN_MODULES + 1

@@ -209,7 +209,7 @@ def test_jax_translates_with_train_pys_compile_cache(jax_checkpoint, tmp_path, c
     """--framework jax turns on the persistent compilation cache train.py uses, its
     default directory or --compile-cache's, or none."""
     from jax_transformer.train.runtime import compiling
-    from jax_transformer.train.settings import default_compile_cache
+    from jax_transformer.train.settings.training import default_compile_cache
     used = []
     monkeypatch.setattr(compiling, "use_compilation_cache",
                         lambda directory, **_: used.append(directory))

@@ -50,7 +50,7 @@ def path(text: str) -> str:
 def add_field_flag(p, field: dataclasses.Field, annotation: Any, *, help: str | None = None,
                    default: Any = None) -> None:
     """The flag of a settings dataclass field declared with its help and argparse options
-    in its metadata (train.settings.setting, port.options.option): --NAME, or the
+    in its metadata (train.settings.fields.setting, port.options.option): --NAME, or the
     field's own "flag", setting `field.name`; `help` when given, else the field's; the
     type from `annotation`, None left out: a bool has a --no- form, a list is repeatable,
     a "path" field refuses "" (path); then the field's "custom_args" (choices, metavar)."""

@@ -26,7 +26,8 @@ from jax_transformer.data.prepared.pipeline import Encoding, key, prepare, stopp
 from jax_transformer.data.prepared.directory import Prepared
 from jax_transformer.train.corpus import corpus
 from jax_transformer.train.runtime import signals
-from jax_transformer.train.settings import MAX_SEED, PREPARED_FIELDS, DataSettings
+from jax_transformer.train.settings.data import PREPARED_FIELDS, DataSettings
+from jax_transformer.train.settings.training import MAX_SEED
 from transformer_core.errors import InputError, TrainError
 from transformer_core.tokenizer import TokenizerError
 

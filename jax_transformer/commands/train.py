@@ -38,11 +38,12 @@ from jax_transformer.commands import exit_codes, parsing
 from jax_transformer.data.prepared.directory import MANIFEST, Prepared
 from jax_transformer.train import finetune
 from jax_transformer.train.runtime import jax_variables
-from jax_transformer.train.settings import (DEFAULT_PRESET, FINETUNE_DEFAULTS,
-                                            PRESET_TRAIN_DEFAULTS, PRESETS,
-                                            TASK_DEFAULTS, DataSettings, ModelSettings,
-                                            RunSettings, TrainError, TrainSettings,
-                                            from_prepared, prepared_settings)
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.data import DataSettings, from_prepared, prepared_settings
+from jax_transformer.train.settings.model import DEFAULT_PRESET, PRESETS, ModelSettings
+from jax_transformer.train.settings.training import (FINETUNE_DEFAULTS, PRESET_TRAIN_DEFAULTS,
+                                                     TASK_DEFAULTS, TrainSettings)
+from transformer_core.errors import TrainError
 
 
 def add_default_choosers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -230,8 +231,8 @@ def exit_would_wait() -> bool:
 def train(argv=None) -> int:
     settings, init = command_line(argv)  # bad flags fail here, before JAX loads
     jax_variables.import_jax()
-    from jax_transformer.train.run import TrainingRun
-    summary = TrainingRun(settings, init).run()
+    from jax_transformer.train import run
+    summary = run.run(settings, init)
     print(json.dumps(final_results(settings, summary), indent=2), file=sys.stdout)
     return 0
 

@@ -297,7 +297,7 @@ def use_compile_cache(directory: str | None, off: bool) -> None:
     default (none when `off`), so that a later call loads its searches instead of
     compiling them; a cache that cannot be used is train.py's warning or error."""
     from jax_transformer.train.runtime.compiling import use_compilation_cache
-    from jax_transformer.train.settings import default_compile_cache
+    from jax_transformer.train.settings.training import default_compile_cache
     default = default_compile_cache()
     use_compilation_cache(None if off else directory or default, default=default)
 

@@ -1,7 +1,7 @@
 """Corpora: sentence pairs for translation, lines of text for language models.
 
 Everything here yields plain `(source, target)` string pairs or text lines;
-tokenizing and batching live in `data.encoding` and `data.packing`. Needs neither
+tokenizing and batching live in `data.tokenizing` and `data.batches`. Needs neither
 JAX nor torch.
 
 Built-in corpus (`number_corpus`): numbers written out in two languages with

@@ -8,7 +8,7 @@ are jaxformer-port's flags, each with its help and default written once.
     like(cls, n)  the field `n` of another options dataclass, perhaps with another default
     defaults(cls), types(cls), flag(field)   what the converters and the command read
 
-The fields' metadata uses train.settings.setting's keys ("help", "custom_args": argparse
+The fields' metadata uses train.settings.fields.setting's keys ("help", "custom_args": argparse
 options such as choices or action) and adds "flag" (a flag name other than --NAME),
 "unset" (what None means: "found in the state dict") and "path" (a file's name, never
 empty), so that one helper, jax_transformer.commands.parsing.add_field_flag, makes the

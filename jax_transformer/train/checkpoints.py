@@ -55,7 +55,7 @@ UNFINISHED_SAVE = ".orbax-checkpoint-tmp"  # in the name of a save orbax has not
 class Checkpointer:
     def __init__(self, workdir: str | Path, keep: int = 3, async_save: bool = True,
                  clean_up: bool = False, best: str | None = None):
-        """`best`: a metric (train.settings.BEST_METRICS) by which the best checkpoint
+        """`best`: a metric (train.settings.training.BEST_METRICS) by which the best checkpoint
         saved with metrics is kept besides the newest `keep`. `clean_up`: remove the
         unfinished saves (orbax's *.orbax-checkpoint-tmp* directories) a killed or failed
         run left, before anything else (the primary process); for the training run, which
@@ -183,6 +183,12 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def root_cause(error: BaseException) -> BaseException:

@@ -1,6 +1,6 @@
 """What train.py (and jaxformer-prepare) prepare: the corpus its data flags name.
 
-    corpus(data, seed)   a data.raw.Corpus: the sources to read, the splits to hold
+    corpus(data, seed)   a data.prepared.raw_text.Corpus: the sources to read, the splits to hold
                          out, the settings its preparation's key records
 
 --task translate: sentence pairs (the built-in number corpus, parallel text files, or
@@ -16,7 +16,7 @@ from jax_transformer.data import corpora
 from jax_transformer.data.corpora import CorpusReport
 from jax_transformer.data.prepared.directory import SPLITS
 from jax_transformer.data.prepared.raw_text import Corpus, Source, given
-from jax_transformer.train.settings import DataSettings
+from jax_transformer.train.settings.data import DataSettings
 
 
 def corpus(data: DataSettings, seed: int) -> Corpus:

@@ -29,7 +29,8 @@ import jax
 
 from jax_transformer.train.checkpoints import CHECKPOINTS, complete_steps
 from jax_transformer.train.runtime import peers, signals
-from jax_transformer.train.settings import TrainSettings, flag
+from jax_transformer.train.settings.fields import flag
+from jax_transformer.train.settings.training import TrainSettings
 from transformer_core.errors import InputError, RunFailed, TrainError
 
 # The coordinator's settings: the flag's field -> the environment variable read without it.

@@ -29,12 +29,14 @@ from typing import Any, NamedTuple
 
 import safetensors
 
-from jax_transformer.train.settings import (TASK_ARCHITECTURES, ModelSettings, RunSettings,
-                                            TrainError, flag)
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.data import TASK_ARCHITECTURES
+from jax_transformer.train.settings.fields import flag
+from jax_transformer.train.settings.model import ModelSettings
 from transformer_core import checkpoint_dir
 from transformer_core.checkpoint_dir import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
 from transformer_core.config import ConfigError, TransformerConfig
-from transformer_core.errors import InputError
+from transformer_core.errors import InputError, TrainError
 from transformer_core.fairseq_tokenizer import FAIRSEQ_TOKENIZER_FILES
 from transformer_core.fsmt_tokenizer import FSMT_TOKENIZER_FILES
 from transformer_core.marian_tokenizer import MARIAN_TOKENIZER_FILES

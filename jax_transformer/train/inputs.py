@@ -1,5 +1,5 @@
-"""A training run's inputs: the corpus prepared (data/prepare.py), the tokenizer, the
-packed batches, the data position of a resumed run.
+"""A training run's inputs: the corpus prepared (data/prepared/pipeline.py), the tokenizer, the
+packed batches, the data position of a resumed run, the batches on the devices.
 
     prepared_corpus   --data DIR; or WORKDIR/data, prepared the first time a run sees
                       its corpus and reused after: by resumes, and by new runs of the
@@ -7,13 +7,26 @@ packed batches, the data position of a resumed run.
                       other settings, prepare it again)
     run_tokenizer     the prepared corpus's tokenizer, WORKDIR/tokenizer.model
     make_batches      every split packed into rows of one shape
+    Prefetcher        the next updates' batches, built and put on the devices on a
+                      background thread
+
+While the devices run step k, the Prefetcher packs the batches of steps k+1 and k+2
+and transfers them, so batch building and the transfer overlap with compute
+(what flax.jax_utils.prefetch_to_device does for pmap-style batches, and
+grain's device prefetch for grain pipelines; ours are sharded jax.Arrays from a
+resumable iterator, so a small thread of its own serves them). Each prefetched
+update carries the iterator's position after its batches, so a checkpoint saves
+the position of the batches the saved model consumed, not of those in flight.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -28,12 +41,14 @@ from jax_transformer.data.prepared.directory import Prepared, file_sha256, link_
 from jax_transformer.data.batches.rows import fitting_row_shape, positions_needed
 from jax_transformer.train import corpus as train_corpus
 from jax_transformer.train.runtime import peers, signals
-from jax_transformer.train.settings import DataSettings, RunSettings
+from jax_transformer.train.settings import RunSettings
+from jax_transformer.train.settings.data import DataSettings
 from transformer_core.checkpoint_dir import TOKENIZER_FILE
 from transformer_core.errors import TrainError
 from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, TokenizerError
 
 DATA_DIR = "data"  # WORKDIR/data: the run's prepared corpus, unless --data names one
+AHEAD = 2  # the Prefetcher's updates in flight
 
 
 def log(message: str) -> None:
@@ -232,3 +247,44 @@ def other_device_count(data_state: dict, batches, step: int, saved_devices: int 
             f"a multiple of the device count, so its batches of {saved_rows} rows are not this "
             f"run's {rows} rows on {jax.device_count()} device(s), and its data position does "
             f"not carry over; resume on {again}, or use a new --workdir")
+
+
+class Update(NamedTuple):
+    """One optimizer update's input, on the devices."""
+    micro_batches: list  # --accumulate sharded batches
+    tokens: int  # real target tokens (labels that are not padding) of the whole batches
+    data_state: dict  # the iterator's position after these batches
+
+
+class Prefetcher:
+    """Iterates Updates of `accumulate` micro-batches each from `batches` (a
+    batches.packed.BatchIterator, which builds this process's rows of each batch), `ahead` of
+    use; `put` places them on this process's devices as parts of global arrays."""
+
+    def __init__(self, batches, put: Callable[[dict], dict], accumulate: int,
+                 ahead: int = AHEAD):
+        self.batches, self.put, self.accumulate = batches, put, accumulate
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                          thread_name_prefix="prefetch")
+        self.in_flight = collections.deque(self.pool.submit(self.build) for _ in range(ahead))
+
+    def build(self) -> Update:
+        before = self.batches.target_tokens
+        host = [next(self.batches) for _ in range(self.accumulate)]
+        return Update([self.put(batch) for batch in host], self.batches.target_tokens - before,
+                      self.batches.get_state())
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Update:
+        update = self.in_flight.popleft().result()
+        self.in_flight.append(self.pool.submit(self.build))
+        return update
+
+    def close(self) -> None:
+        """Stop building: the updates in flight are dropped (the iterator's position
+        to save is the last consumed Update's data_state)."""
+        for future in self.in_flight:
+            future.cancel()
+        self.pool.shutdown(wait=True)

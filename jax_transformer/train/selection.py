@@ -26,7 +26,7 @@ import numpy as np
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from jax_transformer.train.records.workdir import metrics_records
-from jax_transformer.train.settings import BEST_METRICS, TrainSettings
+from jax_transformer.train.settings.training import BEST_METRICS, TrainSettings
 from jax_transformer.train.runtime import sharding
 from transformer_core.averaging import ParameterMean
 from transformer_core.errors import counted

@@ -53,7 +53,7 @@ def model_inputs(batch, architecture: str = "encoder_decoder") -> dict:
     """The model's arguments for a batch. A translation batch holds {"src", "tgt_in"}
     ids; a single-stack model's batch the target side alone: "tgt_in" its input ids
     (and "tgt_out" one label per position: the next tokens for a decoder_only model).
-    A packed batch (jax_transformer.data.packing) adds segment ids and positions,
+    A packed batch (jax_transformer.data.batches.packed) adds segment ids and positions,
     which become masks that keep each sequence to itself, causal for decoders."""
     if architecture != "encoder_decoder":
         inputs = {"ids": batch["tgt_in"]}

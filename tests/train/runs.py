@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from jax_transformer.commands import train as train_command
-from jax_transformer.train.run import TrainingRun
+from jax_transformer.train.run import run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The model flags in their old spellings (--heads, --layers), which must keep working.
@@ -24,7 +24,7 @@ def tiny_settings(workdir, *extra):
 
 
 def tiny_run(workdir, *extra):
-    return TrainingRun(tiny_settings(workdir, *extra)).run()
+    return run(tiny_settings(workdir, *extra))
 
 
 def records(workdir) -> list[dict]:

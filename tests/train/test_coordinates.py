@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jax_transformer.train import distributed
-from jax_transformer.train.settings import TrainSettings
+from jax_transformer.train.settings.training import TrainSettings
 from transformer_core.errors import TrainError
 from tests.train.runs import tiny_settings
 

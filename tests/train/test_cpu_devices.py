@@ -1,4 +1,4 @@
-"""train.py splits a CPU into devices (train/cpu_devices.py): 2 by default where the
+"""train.py splits a CPU into devices (train/runtime/cpu_devices.py): 2 by default where the
 cores and the batch allow, the user's choice otherwise, and the same training either way."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from jax_transformer.commands import train as train_command
-from jax_transformer.train.cpu_devices import chosen_count, split_cpu
-from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.settings import MAX_CPU_DEVICES
+from jax_transformer.train.runtime.cpu_devices import chosen_count, split_cpu
+from jax_transformer.train import run as training_run
+from jax_transformer.train.settings.training import MAX_CPU_DEVICES
 from transformer_core.errors import TrainError
 from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 
@@ -35,17 +35,19 @@ DEFAULT_ENV = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"
 ])
 def test_the_device_count_follows_the_flag_then_the_environment_then_the_machine(
         tmp_path, flags, environ, cores, expected):
-    assert chosen_count(tiny_settings(tmp_path, *flags), environ, cores) == expected
+    settings = tiny_settings(tmp_path, *flags)
+    assert chosen_count(settings.train.cpu_devices, settings.data.fewest_rows, environ,
+                        cores) == expected
 
 
 def test_another_count_in_a_process_whose_jax_runs_is_refused(tmp_path):
     """This test process started JAX with one CPU device (conftest.py): asking for that
     count again is no error, another one cannot be had without a new process."""
     jax.devices()
-    split_cpu(tiny_settings(tmp_path, "--cpu-devices", "1"))
+    split_cpu(1, tiny_settings(tmp_path).data.fewest_rows)
     with pytest.raises(TrainError, match=r"--cpu-devices 3: JAX already started this "
                                          r"process's backends with 1 CPU device\(s\)"):
-        split_cpu(tiny_settings(tmp_path, "--cpu-devices", "3"))
+        split_cpu(3, tiny_settings(tmp_path).data.fewest_rows)
 
 
 @pytest.mark.parametrize("count", ["0", "100000"])
@@ -53,7 +55,7 @@ def test_a_count_out_of_range_is_one_line_naming_the_bound(tmp_path, capsys, mon
                                                            count):
     """Before: --cpu-devices 100000 printed nothing and ran on (still starting JAX's
     devices after 120 s)."""
-    monkeypatch.setattr(TrainingRun, "run", lambda self: pytest.fail("the run started"))
+    monkeypatch.setattr(training_run, "run", lambda *_: pytest.fail("the run started"))
     code = train_command.main(["--workdir", str(tmp_path / "run"), "--cpu-devices", count])
     assert code == 2 and capsys.readouterr().err.splitlines() == [
         f"error: --cpu-devices must be from 1 to {MAX_CPU_DEVICES} (no CPU has more cores to "

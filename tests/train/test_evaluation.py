@@ -1,11 +1,11 @@
-"""The held-out loss reads each batch's sums late (train/evaluation.py): the host builds
+"""The held-out loss reads each batch's sums late (train/tasks/metrics.py): the host builds
 the next batches while the devices run the ones dispatched."""
 
 from __future__ import annotations
 
 import math
 
-from jax_transformer.train.evaluation import EVAL_BATCHES_IN_FLIGHT, heldout_loss, lagging
+from jax_transformer.train.tasks.metrics import EVAL_BATCHES_IN_FLIGHT, heldout_loss, lagging
 
 
 def test_lagging_yields_each_item_once_lag_more_were_taken():

@@ -28,7 +28,7 @@ from jax_transformer.data.prepared.directory import SPLITS, Prepared
 from jax_transformer.train import checkpoints, disk_full, inputs
 from jax_transformer.train.records.workdir import MetricsLog, open_workdir
 from jax_transformer.train.selection import Patience
-from jax_transformer.train.settings import DataSettings
+from jax_transformer.train.settings.data import DataSettings
 from tests.train.runs import (REPO_ROOT, TINY, dev_losses, losses, metrics_scalars,
                               tensorboard_scalars, tiny_run, tiny_settings)
 from transformer_core.errors import TrainError

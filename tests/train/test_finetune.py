@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -26,8 +27,10 @@ from jax_transformer.commands import train as train_command
 from jax_transformer.data import corpora
 from jax_transformer.data.batches.packed import PackedBatches
 from jax_transformer.pretrained import to_torch_state_dict
-from jax_transformer.train import finetune, settings
-from jax_transformer.train.run import TrainingRun
+from jax_transformer.train import finetune
+from jax_transformer.train.checkpoints import Checkpointer
+from jax_transformer.train.preparation import prepare
+from jax_transformer.train.settings.training import TrainSettings
 from jax_transformer.train.step import freeze, make_optimizer, make_schedule, warmup_schedule
 from tests.helpers import run_command
 from tests.train.runs import REPO_ROOT, TINY, losses, records, tiny_run, tiny_settings
@@ -196,7 +199,7 @@ def test_fine_tuning_schedules_warm_up_linearly_to_the_peak():
     np.testing.assert_allclose(lrs[15], 1e-3 * (4 / 16) ** 0.5, rtol=1e-6)
     constant = [float(warmup_schedule("constant", 1e-3, 4)(n)) for n in range(16)]
     np.testing.assert_allclose(constant, lrs[:4] + [1e-3] * 12, rtol=1e-6)
-    train = settings.TrainSettings(lr_schedule="constant", lr=2e-4, warmup=1)
+    train = TrainSettings(lr_schedule="constant", lr=2e-4, warmup=1)
     assert float(make_schedule(train, 512)(10)) == pytest.approx(2e-4)
 
 
@@ -259,9 +262,10 @@ FINETUNE = ("--lr", "3e-3", "--warmup", "3", "--freeze", "embeddings")
 @pytest.mark.slow
 def test_step_one_starts_from_exactly_the_exported_weights(exported, tmp_path):
     source, tuned = exported
-    run = TrainingRun(tiny_settings(tmp_path, *FINETUNE, "--init-from", str(source / "export")))
-    run.primary, run.workdir = True, tmp_path
-    run.prepare()
+    settings = tiny_settings(tmp_path, *FINETUNE, "--init-from", str(source / "export"))
+    with Checkpointer(tmp_path) as checkpointer:
+        run = prepare(settings, None, tmp_path, True, checkpointer, compile_cache=None,
+                      started_at=time.monotonic())
     _, want = checkpoint_dir.load_dir(source / "export")
     got = to_torch_state_dict(run.trainer.model(run.trainer.initial_state))
     assert sorted(got) == sorted(want)

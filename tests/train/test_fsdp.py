@@ -18,7 +18,7 @@ from tests.train.runs import REPO_ROOT, TINY, losses, tiny_settings
 from transformer_core.errors import TrainError
 
 # No compilation cache: XLA:CPU programs with --fsdp's collectives, loaded from it, can
-# deadlock (train.py turns it off for them: TrainingRun.compile_cache_unsafe).
+# deadlock (train.py turns it off for them: run.compile_cache_unsafe).
 EIGHT_DEVICES = {**{k: v for k, v in os.environ.items()
                     if k not in ("JAX_NUM_CPU_DEVICES", "JAX_COMPILATION_CACHE_DIR")},
                  "XLA_FLAGS": "--xla_force_host_platform_device_count=8",

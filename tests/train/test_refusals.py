@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from jax_transformer.commands import train as train_command
-from jax_transformer.train.evaluation import translation_metrics
+from jax_transformer.train.tasks.metrics import translation_metrics
 from tests.train.runs import REPO_ROOT, TINY
 
 LM = ["--task", "lm", "--max-tokens", "256"]

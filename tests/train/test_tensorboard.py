@@ -5,7 +5,7 @@ tests/train/test_train.py; after SIGTERM: tests/train/test_faults.py.)"""
 from __future__ import annotations
 
 from jax_transformer.train.records.workdir import MetricsLog
-from jax_transformer.train.resume import check_run_settings, recorded_settings
+from jax_transformer.train.settings.resume import check_run_settings, recorded_settings
 from tests.train.runs import metrics_scalars, tensorboard_scalars, tiny_settings
 
 

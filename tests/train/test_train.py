@@ -30,12 +30,12 @@ from jax_transformer.data.batches.packed import PackedBatches
 from transformer_core.config import TransformerConfig
 from jax_transformer.model import Transformer as FlaxTransformer
 from transformer_core.errors import RunFailed, TrainError
-from jax_transformer.train import settings
+from jax_transformer.train.settings.model import DERIVED_MODEL_FIELDS, ModelSettings
 from tests.train.runs import (REPO_ROOT, TENSORBOARD_TAGS, TINY, losses, metrics_scalars,
                               records, tensorboard_scalars, tiny_run, tiny_settings)
-from jax_transformer.train.run import TrainingRun
-from jax_transformer.train.run_args import ADDED_SETTINGS
-from jax_transformer.train.resume import check_run_settings, recorded_settings
+from jax_transformer.train import loop
+from jax_transformer.train.settings.history import ADDED_SETTINGS
+from jax_transformer.train.settings.resume import check_run_settings, recorded_settings
 from jax_transformer.train.step import Trainer, make_optimizer, paper_schedule
 
 
@@ -155,10 +155,10 @@ def test_the_model_settings_are_the_config_s_fields():
     """ModelSettings is written out field by field: every TransformerConfig field the
     data do not decide is a model flag, of the same type and with the same help."""
     config_fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-    model_fields = {f.name: f for f in dataclasses.fields(settings.ModelSettings)}
-    assert set(model_fields) == set(config_fields) - set(settings.DERIVED_MODEL_FIELDS)
+    model_fields = {f.name: f for f in dataclasses.fields(ModelSettings)}
+    assert set(model_fields) == set(config_fields) - set(DERIVED_MODEL_FIELDS)
     config_types = typing.get_type_hints(TransformerConfig)
-    model_types = typing.get_type_hints(settings.ModelSettings)
+    model_types = typing.get_type_hints(ModelSettings)
     for name, field in model_fields.items():
         assert model_types[name] == config_types[name], name
         assert field.metadata["help"] == config_fields[name].metadata["help"], name
@@ -284,16 +284,16 @@ def test_the_loop_reads_no_device_value_between_its_logging_points(tmp_path, mon
     that reads the loss after every step fails here. metrics.jsonl still has every
     step's line, in order."""
     dispatched, reads = [], []
-    step = TrainingRun.step
+    step = loop.optimizer_step
 
-    def watched_step(run, state, micro_batches):
-        state, metrics = step(run, state, micro_batches)
+    def watched_step(trainer, state, micro_batches):
+        state, metrics = step(trainer, state, micro_batches)
         dispatched.append(len(dispatched) + 1)
         return state, {k: Watched(v, len(dispatched), dispatched, reads)
                        for k, v in metrics.items()}
-    monkeypatch.setattr(TrainingRun, "step", watched_step)
-    TrainingRun(tiny_settings(tmp_path, "--steps", "12", "--log-every", "4", "--eval-every",
-                              "6", "--checkpoint-every", "12")).run()
+    monkeypatch.setattr(loop, "optimizer_step", watched_step)
+    tiny_run(tmp_path, "--steps", "12", "--log-every", "4", "--eval-every", "6",
+             "--checkpoint-every", "12")
     assert [step for step, _ in losses(tmp_path)] == list(range(1, 13))
     logging_points = {6, 12}  # --eval-every, --checkpoint-every, the last step
     assert reads and all(then > step or then in logging_points for step, then in reads)
@@ -307,14 +307,13 @@ def test_the_loop_runs_no_jax_op_of_its_own(tmp_path, monkeypatch):
     queue behind the step just dispatched (a CPU device runs its programs in order) and
     the host would wait for that step. Its implicit transfer of the step number fails
     here; evaluations and the checkpoint at the end run under the same guard."""
-    train = TrainingRun.train
+    train = loop.train
 
     def guarded(run):
         with jax.transfer_guard("disallow"):
             return train(run)
-    monkeypatch.setattr(TrainingRun, "train", guarded)
-    TrainingRun(tiny_settings(tmp_path, "--steps", "12", "--eval-every", "6",
-                              "--checkpoint-every", "12")).run()
+    monkeypatch.setattr(loop, "train", guarded)
+    tiny_run(tmp_path, "--steps", "12", "--eval-every", "6", "--checkpoint-every", "12")
     lines = [r for r in records(tmp_path) if "loss" in r]
     assert [r["step"] for r in lines] == list(range(1, 13))
     expected = paper_schedule(32, 4)  # TINY: d_model 32, --warmup 4

@@ -19,7 +19,8 @@ from jax_transformer.commands import translate as translate_command
 from jax_transformer.data.tokenizing import train_tokenizer
 from jax_transformer.data.corpora import counting_text
 from jax_transformer.model import DecoderOnlyTransformer
-from jax_transformer.train import language_model, settings
+from jax_transformer.train.settings.training import TrainSettings
+from jax_transformer.train.tasks import language_model
 from tests.train.runs import losses, tiny_run, tiny_settings
 from transformer_core.config import TransformerConfig
 from transformer_core.errors import TrainError
@@ -81,10 +82,9 @@ def test_second_half_match_counts_the_lines_whose_second_half_greedy_decoding_wr
 
     monkeypatch.setattr(lm_decoding, "greedy_search", oracle)
     model = DecoderOnlyTransformer(config, rngs=nnx.Rngs(0))
-    decoded = language_model.LanguageModelTask().evaluate_test(model, tokenizer, lines,
-                                           settings.TrainSettings(samples=0,
-                                                                  decode_batch_size=4),
-                                           log=lambda _: None)
+    decoded = language_model.LanguageModelTask().evaluate_test(
+        model, tokenizer, lines, TrainSettings(samples=0, decode_batch_size=4),
+        log=lambda _: None)
     assert decoded["test"]["lines"] == 6
     assert decoded["test"]["second_half_match"] == pytest.approx(5 / 6)
 

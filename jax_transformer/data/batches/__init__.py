@@ -7,7 +7,7 @@ laid out as fixed-shape batches of a token budget, served epoch after epoch, res
                 laid out as arrays (`make_batch`: segment ids, positions, bos/eos);
                 `BatchIterator`, the resumable position a checkpoint saves
 
-Around them, in jax_transformer/train/: inputs.py (`make_batches`) picks the row shape
-and the budget (--max-tokens) of a run and makes one PackedBatches a split;
-prefetch.py builds the next batches on a thread and puts them on the devices.
+Around them, in jax_transformer/train/inputs.py: `make_batches` picks the row shape and
+the budget (--max-tokens) of a run and makes one PackedBatches a split; its Prefetcher
+builds the next batches on a thread and puts them on the devices.
 """

@@ -1,7 +1,7 @@
 """A training run's work directory: one run at a time, files that are whole or absent.
 
     WORKDIR/train.lock       held (flock) by the run using the directory
-    WORKDIR/run_args.json    the settings a resume must repeat (train/resume.py)
+    WORKDIR/run_args.json    the settings a resume must repeat (train/settings/resume.py)
     WORKDIR/metrics.jsonl    one JSON object per line, appended as the run goes
     WORKDIR/tensorboard/     the same numbers as TensorBoard scalars (tensorboard.py)
 

@@ -1,10 +1,11 @@
-"""What a training task gives the run (train.run.TrainingRun): how to judge the trained
-model on the test set, and a figure (its corpus: train.corpus).
+"""What train.py trains (--task), and how each task judges a model: the test set
+decoded, the dev set's scores, a figure (its corpus: train.corpus).
 
-    translate  TranslationTask (translation.py): sentence pairs, the encoder-decoder
-    lm         LanguageModelTask (language_model.py): lines of text, a decoder-only model
+    translate    TranslationTask (translation.py): sentence pairs, the encoder-decoder
+    lm           LanguageModelTask (language_model.py): lines of text, a decoder-only model
+    metrics.py   held-out loss and nll, exact match, sacreBLEU, chrF, unigram entropy
 
-settings.TASK_ARCHITECTURES names each task's architecture.
+train.settings.data.TASK_ARCHITECTURES names each task's architecture.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from jax_transformer.train.language_model import LanguageModelTask
-from jax_transformer.train.settings import TrainSettings
-from jax_transformer.train.translation import TranslationTask
+from jax_transformer.train.settings.training import TrainSettings
+from jax_transformer.train.tasks.language_model import LanguageModelTask
+from jax_transformer.train.tasks.translation import TranslationTask
 from transformer_core.tokenizer import Tokenizer
 
 Log = Callable[[str], None]

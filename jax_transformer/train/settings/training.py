@@ -1,59 +1,24 @@
-"""The settings of a training run: typed, frozen dataclasses, and the one vocabulary of
-train.py's flags.
-
-A flag is the field it sets (`--d-model` -> `d_model`) and its help text is the
-field's metadata: jax_transformer.commands.train generates the command line from
-these dataclasses. ModelSettings holds TransformerConfig's own fields, with their
-help, less those the data decide (vocabulary, special ids, max_len, architecture)
-and final_norm, which follows pre_norm. Each field says where it is defined whether
-a resumed run may change it (`resumable`); run_args.json records the others flat
-under these names, so a resumed run can be checked flag by flag. Files written
-before a setting existed or was renamed still resume: train.run_args keeps that
-history.
-"""
+"""TrainSettings: optimisation, checkpoints, evaluation, output and the processes;
+the defaults that differ by task, preset or fine-tuning."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import re
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_origin, get_type_hints
 
-from jax_transformer.data.prepared.store import damaged
-from jax_transformer.train.run_args import OLD_FLAGS
-from transformer_core.config import (Activation, ConfigError, PositionEncoding, PositionLayout,
-                                     TransformerConfig, WeightInit)
-from transformer_core.errors import TrainError
-from transformer_core.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from jax_transformer.train.settings.fields import (flag, name_metavars, refuse_empty_paths,
+                                                   require, setting)
 
-SPECIAL_IDS = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
-MIN_MAX_LEN = 8  # the shortest length bucket
 MAX_SEED = 2**32 - 1  # jax.random.key(seed) keeps a seed's low 32 bits (without x64)
 MAX_WAIT_SECONDS = 86400  # --peer-timeout and --join-timeout: a day
 # --cpu-devices: more devices than the CPU has cores only run slower, and JAX's start-up
 # grows faster than the count (minutes for tens of thousands); no CPU has more cores.
 MAX_CPU_DEVICES = 1024
-# What train.py trains, and the architecture each task's model has.
-TASK_ARCHITECTURES = {"translate": "encoder_decoder", "lm": "decoder_only"}
 # Defaults that differ by task: the built-in counting text is learnt in fewer steps
 # than the number translations.
 TASK_DEFAULTS = {"lm": {"steps": 400}}
-# Named model sizes (--preset), as fairseq's --arch and Flax WMT's configs name them;
-# flags given beside a preset override it.
-PRESETS = {
-    "tiny": dict(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=3,
-                 num_decoder_layers=3, dropout=0.1),  # the built-in corpus, on a CPU
-    "base": dict(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
-                 num_decoder_layers=6, dropout=0.1),  # the paper's base (table 3)
-    "big": dict(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
-                num_decoder_layers=6, dropout=0.3),  # the paper's big
-}
-DEFAULT_PRESET = "tiny"
-# TransformerConfig fields the run sets itself: from the tokenizer, --max-len and --task.
-DERIVED_MODEL_FIELDS = ("architecture", "src_vocab_size", "tgt_vocab_size", "max_len",
-                        "pad_id", "bos_id", "eos_id", "final_norm")
 # The learning-rate schedules (--lr-schedule): the paper's, for training from scratch,
 # and the two that fine-tuning uses (fairseq's and Hugging Face's choices).
 SCHEDULES = ("paper", "constant", "inverse_sqrt")
@@ -68,229 +33,6 @@ EXPORTS = ("last", "best", "average")  # --export
 DEFAULT_AVERAGE_LAST = 5  # --export average's checkpoints: the paper's base models'
 # The test translation of the paper's models: beam 4, length penalty 0.6 (--alpha's default).
 PRESET_TRAIN_DEFAULTS = {"base": {"beam": 4}, "big": {"beam": 4}}
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise TrainError(message)
-
-
-def setting(default: Any = None, help: str = "", *, factory=None, aliases=(),
-            resumable: bool = False, **argparse_options):
-    """A settings field: its default, its --help text, the flag's other spellings and any
-    argparse options (choices, metavar) for the flag generated from it (the metadata
-    keys simple_parsing reads). `resumable`: the setting only steers how long or how
-    visibly a run goes, so a resumed run may change it; the others must repeat the
-    run_args.json a run records."""
-    custom_args = dict(argparse_options)
-    metadata = {"help": help, "alias": list(aliases), "custom_args": custom_args,
-                "resumable": resumable}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-# The settings that name a file or directory. An empty one is an unset shell variable
-# (--init-from "$CKPT"), refused rather than read as none or as the current directory.
-PATH_SETTINGS = ("data", "text_path", "src_path", "tgt_path", "columns_path", "dev_src_path",
-                 "dev_tgt_path", "test_src_path", "test_tgt_path", "workdir", "init_from",
-                 "compile_cache")
-
-
-def refuse_empty_paths(settings) -> None:
-    """A TrainError naming the first of `settings`' PATH_SETTINGS that is ""."""
-    for name in PATH_SETTINGS:
-        require(getattr(settings, name, None) != "",
-                f"{flag(name)} is an empty path (an unset shell variable?)")
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSettings:
-    """The task, its corpus, the tokenizer and the batches (default: the built-in
-    number-words corpus; with --task lm, the built-in counting text)."""
-    data: str | None = setting(None, "a corpus jaxformer-prepare made, whose corpus flags are "
-                               "the defaults (else: prepared in WORKDIR/data)", metavar="DIR",
-                               resumable=True)
-    task: str = setting("translate", "translate: an encoder-decoder on sentence pairs; lm: a "
-                        "decoder-only language model on lines of text, which also prints "
-                        "sampled continuations", choices=tuple(TASK_ARCHITECTURES))
-    text_path: str | None = setting(None, "--task lm: a UTF-8 text file, one example "
-                                    "(sentence, paragraph) per line; --num-dev and --num-test "
-                                    "lines are held out")
-    src_lang: str = setting("en", "number corpus source language, a num2words code; with "
-                            "--task lm, the counting text's language")
-    tgt_lang: str = setting("de", "number corpus target language")
-    num_train: int = setting(50_000, "number corpus training pairs, or counting text lines")
-    max_number: int = setting(1_000_000, "number corpus draws numbers below this; counting "
-                              "lines start below it")
-    src_path: str | None = setting(None, "parallel text: source file, one sentence per line")
-    tgt_path: str | None = setting(None, "parallel text: target file, line-aligned with "
-                                   "--src-path")
-    columns_path: str | None = setting(None, "a TSV (.tsv) or CSV file with a header row")
-    src_column: str = setting("source", "source column of --columns-path")
-    tgt_column: str = setting("target", "target column of --columns-path")
-    dev_src_path: str | None = setting(None, "parallel text: dev set source (default: hold out "
-                                       "--num-dev training pairs)")
-    dev_tgt_path: str | None = setting(None, "parallel text: dev set target")
-    test_src_path: str | None = setting(None, "parallel text: test set source (default: hold "
-                                        "out --num-test training pairs)")
-    test_tgt_path: str | None = setting(None, "parallel text: test set target")
-    num_dev: int = setting(1000, "held-out pairs (or lines) for the dev set")
-    num_test: int = setting(1000, "held-out pairs (or lines) for the test set")
-    tokenizer_type: str = setting("unigram", "SentencePiece model type; the paper used "
-                                  "byte-pair encoding", choices=("unigram", "bpe"))
-    vocab_size: int = setting(8000, "shared SentencePiece vocabulary size; smaller if the text "
-                              "has fewer pieces")
-    max_len: int = setting(256, "longest sentence in tokens; longer pairs (or lines) are "
-                           "skipped and counted")
-    max_tokens: int = setting(4096, "token budget per micro-batch (--accumulate of them make "
-                              "one update), padding included, like fairseq's --max-tokens")
-
-    def __post_init__(self):
-        refuse_empty_paths(self)
-        require(self.task in TASK_ARCHITECTURES, f"--task must be one of "
-                f"{', '.join(TASK_ARCHITECTURES)}, got {self.task!r}")
-        pair_flags = [flag(name) for name in
-                      ("src_path", "tgt_path", "columns_path", "dev_src_path", "dev_tgt_path",
-                       "test_src_path", "test_tgt_path") if getattr(self, name)]
-        if self.task == "lm":
-            require(not pair_flags, f"--task lm trains on --text-path (one example per line), "
-                                    f"not on sentence pairs: drop {' '.join(pair_flags)}")
-        else:
-            require(not self.text_path, "--text-path is for --task lm; a translation corpus is "
-                                        "--src-path/--tgt-path or --columns-path")
-        for split in ("", "dev_", "test_"):
-            src, tgt = getattr(self, f"{split}src_path"), getattr(self, f"{split}tgt_path")
-            require(bool(src) == bool(tgt), f"{flag(split + 'src_path')} and "
-                                            f"{flag(split + 'tgt_path')} go together")
-        for name in ("num_train", "num_dev", "num_test", "max_number", "max_tokens"):
-            require(getattr(self, name) >= 1, f"{flag(name)} must be at least 1, "
-                                              f"got {getattr(self, name)}")
-        require(self.vocab_size > len(SPECIAL_IDS), f"--vocab-size must be more than the "
-                f"{len(SPECIAL_IDS)} special pieces (pad, unk, bos, eos), got {self.vocab_size}")
-        require(self.max_len >= MIN_MAX_LEN, f"--max-len must be at least {MIN_MAX_LEN}, "
-                                             f"got {self.max_len}")
-        require(self.max_tokens >= self.max_len, f"--max-tokens {self.max_tokens} cannot hold "
-                f"one sentence of --max-len {self.max_len} tokens; raise it or lower --max-len")
-
-    @property
-    def builtin(self) -> bool:
-        return not (self.src_path or self.columns_path or self.text_path)
-
-    def preparation(self) -> dict:
-        """What a prepared corpus's key records of these settings: PREPARED_FIELDS."""
-        return {name: getattr(self, name) for name in PREPARED_FIELDS}
-
-    def held_out(self, available: int, source: str, unit: str,
-                 given: tuple[str, ...] = ()) -> tuple[int, int]:
-        """(dev, test): how many of the `available` usable examples of `source` to hold
-        out (none for a split in `given`, which has files of its own); a TrainError naming
-        --num-dev / --num-test when that leaves none to train on."""
-        sizes = {split: 0 if split in given else getattr(self, f"num_{split}")
-                 for split in ("dev", "test")}
-        if sum(sizes.values()) >= available:
-            flags = [f"{flag('num_' + split)} {n}" for split, n in sizes.items() if n]
-            raise TrainError(f"{' + '.join(flags)} held-out {unit} leave none of the "
-                             f"{available} usable {unit} of {source} to train on; lower "
-                             + ("them" if len(flags) > 1 else "it"))
-        return sizes["dev"], sizes["test"]
-
-    @property
-    def architecture(self) -> str:
-        return TASK_ARCHITECTURES[self.task]
-
-
-PREPARED_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)  # a preparation's
-                        if f.name not in ("data", "max_tokens"))
-
-
-def prepared_settings(recorded: dict, manifest: str | os.PathLike) -> dict:
-    """The corpus settings a prepared directory's `manifest` records (its key's "corpus"):
-    PREPARED_FIELDS, each of its flag's type; a CorpusError naming the manifest when one
-    is missing or of another type."""
-    types = get_type_hints(DataSettings)
-    for name in PREPARED_FIELDS:
-        if name not in recorded:
-            problem = f"has no key.corpus.{name}"
-        elif not isinstance(recorded[name], types[name]) or isinstance(recorded[name], bool):
-            problem = f"has key.corpus.{name} {recorded[name]!r}, not a value {flag(name)} takes"
-        else:
-            continue
-        raise damaged(manifest, problem)
-    return {name: recorded[name] for name in PREPARED_FIELDS}
-
-
-def from_prepared(data: DataSettings, recorded: dict, directory: str) -> DataSettings:
-    """`data` with the corpus settings a prepared directory recorded (prepared_settings');
-    a TrainError naming the flag when one given differs from them (a flag at its default
-    follows them)."""
-    for name in PREPARED_FIELDS:
-        given, then = getattr(data, name), recorded[name]
-        if given != then and given != getattr(DataSettings, name):
-            raise TrainError(f"--data {directory} was prepared with {flag(name)} {then!r}; "
-                             f"drop {flag(name)} {given!r}, or prepare the corpus again")
-    return dataclasses.replace(data, **{name: recorded[name] for name in PREPARED_FIELDS})
-
-
-def model_setting(name: str, resumable: bool = False):
-    """A model flag: TransformerConfig's field `name` with its help text, defaulting to
-    the tiny preset's value (the command line sets the chosen preset's)."""
-    field = CONFIG_FIELDS[name]
-    return setting(PRESETS[DEFAULT_PRESET].get(name, field.default), field.metadata["help"],
-                   aliases=OLD_FLAGS.get(name, ()), resumable=resumable)
-
-
-CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TransformerConfig)}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """TransformerConfig's fields, less those the data decide; --preset picks their
-    defaults."""
-    # TransformerConfig's fields less DERIVED_MODEL_FIELDS, which the data decide; a
-    # field added to TransformerConfig is added here too (tests/train/test_train.py checks).
-    d_model: int = model_setting("d_model")
-    num_heads: int = model_setting("num_heads")
-    d_ff: int = model_setting("d_ff")
-    num_encoder_layers: int = model_setting("num_encoder_layers")
-    num_decoder_layers: int = model_setting("num_decoder_layers")
-    dropout: float = model_setting("dropout")
-    pre_norm: bool = model_setting("pre_norm")
-    activation: Activation = model_setting("activation")
-    layer_norm_eps: float = model_setting("layer_norm_eps")
-    scale_embeddings: bool = model_setting("scale_embeddings")
-    position_encoding: PositionEncoding = model_setting("position_encoding")
-    position_layout: PositionLayout = model_setting("position_layout")
-    position_offset: int = model_setting("position_offset")
-    share_embeddings: bool = model_setting("share_embeddings")
-    tie_output: bool = model_setting("tie_output")
-    output_bias: bool = model_setting("output_bias")
-    # how the weights were first drawn: a resumed run restores them
-    weight_init: WeightInit = model_setting("weight_init", resumable=True)
-    init_std: float = model_setting("init_std", resumable=True)
-
-    def __post_init__(self):
-        """Valid when the TransformerConfig it makes is: ConfigError's message, with the
-        fields named as the flags that set them."""
-        try:
-            self.config(vocab_size=max(SPECIAL_IDS) + 1, max_len=MIN_MAX_LEN)
-        except ConfigError as e:
-            names = "|".join(f.name for f in dataclasses.fields(self))
-            raise TrainError(re.sub(rf"\b({names})\b", lambda m: flag(m.group(1)),
-                                    str(e))) from None
-
-    def config(self, vocab_size: int, max_len: int,
-               architecture: str = "encoder_decoder") -> TransformerConfig:
-        """The model config: these settings, the tokenizer's vocabulary and special ids,
-        --max-len, the task's architecture; final norms with pre-LN (as torch.nn's)."""
-        return TransformerConfig(
-            **dataclasses.asdict(self), architecture=architecture, src_vocab_size=vocab_size,
-            tgt_vocab_size=vocab_size, max_len=max_len, pad_id=PAD_ID, bos_id=BOS_ID,
-            eos_id=EOS_ID, final_norm=self.pre_norm)
 
 
 def default_compile_cache() -> str:
@@ -536,31 +278,4 @@ class TrainSettings:
         return self.average_last or DEFAULT_AVERAGE_LAST
 
 
-def _name_metavars(*settings_classes) -> None:
-    """Each flag's value is shown by its field's name (--steps STEPS), as argparse
-    shows its own flags; booleans and choices show what they take."""
-    for cls in settings_classes:
-        types = get_type_hints(cls)
-        for field in dataclasses.fields(cls):
-            custom_args = field.metadata["custom_args"]
-            if ("choices" not in custom_args and get_origin(types[field.name]) is not Literal
-                    and types[field.name] is not bool):
-                custom_args.setdefault("metavar", field.name.upper())
-
-
-_name_metavars(DataSettings, ModelSettings, TrainSettings)
-
-
-# The settings a resumed run may change (`resumable` fields); --init-from's directory
-# may move: its fingerprint, recorded as "init_from_fingerprint", must match. So may
-# --data's: the data's fingerprint, saved with each checkpoint's data position, must.
-RESUMABLE_CHANGES = frozenset(field.name for cls in (DataSettings, ModelSettings, TrainSettings)
-                              for field in dataclasses.fields(cls)
-                              if field.metadata["resumable"])
-
-
-class RunSettings(NamedTuple):
-    """Everything a training run is told: data, model, training."""
-    data: DataSettings
-    model: ModelSettings
-    train: TrainSettings
+name_metavars(TrainSettings)

@@ -1,6 +1,6 @@
 """train.py's translation task: sentence pairs, the encoder-decoder, the test set translated.
 
-It implements train.task.Task.
+It implements train.tasks.Task.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import numpy as np
 
 from jax_transformer.applications import translator
 from jax_transformer.model import Transformer
-from jax_transformer.train import evaluation
 from jax_transformer.train.records import plots
-from jax_transformer.train.settings import TrainSettings
+from jax_transformer.train.settings.training import TrainSettings
+from jax_transformer.train.tasks import metrics
 from transformer_core.fairseq_tokenizer import FairseqTokenizer
 from transformer_core.tokenizer import Tokenizer
 
 
 class TranslationTask:
-    """--task translate (train.task.Task): sentence pairs, the encoder-decoder."""
+    """--task translate (train.tasks.Task): sentence pairs, the encoder-decoder."""
 
     def evaluate_test(self, model: Transformer, tokenizer: Tokenizer, pairs, settings: TrainSettings,
                       log: Callable[[str], None]) -> dict:
@@ -37,7 +37,7 @@ class TranslationTask:
             log(f"  {mark}{sample['source']!r} -> {sample['translation']!r}"
                 f" (reference {sample['reference']!r})")
         return {"decoding": search_name(settings),
-                "test": evaluation.translation_metrics(hypotheses, references), "samples": samples}
+                "test": metrics.translation_metrics(hypotheses, references), "samples": samples}
 
     def dev_scores(self, model: Transformer, tokenizer: Tokenizer, pairs,
                    settings: TrainSettings) -> dict:
@@ -48,7 +48,7 @@ class TranslationTask:
             return {}
         started = time.perf_counter()
         hypotheses = translate([s for s, _ in pairs], model, tokenizer, settings)
-        scores = evaluation.translation_metrics(hypotheses, [t for _, t in pairs])
+        scores = metrics.translation_metrics(hypotheses, [t for _, t in pairs])
         return {**{k: scores[k] for k in ("bleu", "bleu_order", "bleu_signature", "chrf",
                                           "chrf_signature", "sentences")},
                 "decode_seconds": round(time.perf_counter() - started, 2)}

@@ -1,8 +1,8 @@
 """What a resumed run must repeat: WORKDIR/run_args.json, the settings a new run
-records (`recorded_settings`: every one a resume may not change, settings.py's
-`resumable` fields left out) and the --init-from checkpoint it started from
-(FINGERPRINT), checked against the saved ones when the run resumes. Older files are
-read in today's names (run_args.upgrade).
+records (`recorded_settings`: every one a resume may not change, the `resumable`
+fields left out) and the --init-from checkpoint it started from (FINGERPRINT), checked
+against the saved ones when the run resumes. Older files are read in today's names
+(history.upgrade).
 """
 
 from __future__ import annotations
@@ -11,13 +11,21 @@ import dataclasses
 import json
 from pathlib import Path
 
-from jax_transformer.train import run_args
 from jax_transformer.train.records.workdir import write_text_atomically
-from jax_transformer.train.settings import RESUMABLE_CHANGES, RunSettings
+from jax_transformer.train.settings import history, RunSettings
+from jax_transformer.train.settings.data import DataSettings
+from jax_transformer.train.settings.model import ModelSettings
+from jax_transformer.train.settings.training import TrainSettings
 from transformer_core.errors import TrainError
 
 RUN_ARGS_FILE = "run_args.json"
 FINGERPRINT = "init_from_fingerprint"  # run_args.json: the --init-from checkpoint's digest
+# The settings a resumed run may change (`resumable` fields); --init-from's directory
+# may move: its fingerprint, recorded as FINGERPRINT, must match. So may --data's: the
+# data's fingerprint, saved with each checkpoint's data position, must.
+RESUMABLE_CHANGES = frozenset(field.name for cls in (DataSettings, ModelSettings, TrainSettings)
+                              for field in dataclasses.fields(cls)
+                              if field.metadata["resumable"])
 
 
 def recorded_settings(settings: RunSettings) -> dict:
@@ -33,7 +41,7 @@ def check_run_settings(workdir: Path, settings: dict, resuming: bool,
     writes them); refuse to resume one with other settings."""
     path = workdir / RUN_ARGS_FILE
     if resuming:
-        saved = run_args.upgrade(read_run_settings(path))
+        saved = history.upgrade(read_run_settings(path))
         check_init_from(workdir, saved.get(FINGERPRINT), settings.get(FINGERPRINT))
         changed = sorted(k for k in settings if saved.get(k) != settings[k])
         if changed:

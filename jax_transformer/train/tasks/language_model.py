@@ -8,7 +8,7 @@ Evaluation: the test text's negative log-likelihood against its unigram entropy
 (the loss of the best model that ignores context); how many test lines' second
 half greedy decoding writes exactly, given their first half; and sampled
 continuations.
-It implements train.task.Task.
+It implements train.tasks.Task.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import numpy as np
 from jax_transformer import lm_decoding
 from jax_transformer.data.tokenizing import encode_lines
 from jax_transformer.model import DecoderOnlyTransformer
-from jax_transformer.train import evaluation
 from jax_transformer.train.records import plots
-from jax_transformer.train.settings import TrainSettings
+from jax_transformer.train.settings.training import TrainSettings
+from jax_transformer.train.tasks import metrics
 from transformer_core.generation import Sampling, pad_prompts
 from transformer_core.tokenizer import Tokenizer
 
 
 class LanguageModelTask:
-    """--task lm (train.task.Task): lines of text, a decoder-only model."""
+    """--task lm (train.tasks.Task): lines of text, a decoder-only model."""
 
     def dev_scores(self, model, tokenizer, lines, settings: TrainSettings) -> dict:
         """None: a language model's dev evaluation is its loss."""
@@ -86,7 +86,7 @@ class LanguageModelTask:
         return {"decoding": f"greedy from each test line's first half; samples at temperature "
                             f"{settings.temperature}",
                 "test": {"second_half_match": float(np.mean(written)), "lines": len(written),
-                         "unigram_entropy": evaluation.unigram_entropy(
+                         "unigram_entropy": metrics.unigram_entropy(
                              [np.append(p, config.eos_id) for p in pieces])},
                 "samples": samples}
 
