@@ -43,7 +43,7 @@ def prepared_step(train_flags: list[str], count: int):
 
     from jax_transformer.commands.train import parse_args
     from jax_transformer.train.checkpoints import Checkpointer
-    from jax_transformer.train.preparation import prepare
+    from jax_transformer.train.run import prepare
     from jax_transformer.train.runtime import compiling, cpu_devices, host_memory
     from jax_transformer.train.settings.training import default_compile_cache
 

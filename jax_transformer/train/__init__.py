@@ -1,10 +1,10 @@
 """Training: the run and its maths here; the settings, the tasks, the process under the
 run and what it writes in folders of their own.
 
-    run.py          run(settings, init): the process set up, the work directory locked,
-                    then prepare, the loop, the export and the final evaluation
-    preparation.py  PreparedRun, the run as data, and prepare(), which builds it
-    loop.py         train(run): the training loop
+    run.py          run(settings, init): the process set up, the work directory locked;
+                    prepare(), which builds the run as data (a PreparedRun); then the
+                    loop, the export and the final evaluation
+    loop.py         PreparedRun, what the loop reads; train(run): the training loop
     export.py       WORKDIR/export and the final evaluation (eval.json); start_eval.json
     corpus.py       the corpus the data flags name
     inputs.py       the prepared corpus, the tokenizer, the batches; the Prefetcher that

@@ -13,7 +13,7 @@ import time
 
 from jax_transformer.train import finetune, selection
 from jax_transformer.train.inputs import log
-from jax_transformer.train.preparation import PreparedRun
+from jax_transformer.train.loop import PreparedRun
 from jax_transformer.train.records import plots
 from jax_transformer.train.records.report import replicas, state_bytes
 from jax_transformer.train.records.workdir import METRICS_FILE, write_text_atomically

@@ -1,4 +1,4 @@
-"""The training loop over a prepared run (preparation.PreparedRun): steps up to --steps,
+"""The training loop over a prepared run (PreparedRun): steps up to --steps,
 or until --time-budget has passed; metrics, evaluations, checkpoints.
 
     train(run)   -> (the final state, saved; the training report; the newest dev scores)
@@ -15,21 +15,47 @@ import contextlib
 import dataclasses
 import signal
 import time
+from pathlib import Path
 
 import jax
 
-from jax_transformer.train import selection
+from jax_transformer.data.batches.packed import PackedBatches
+from jax_transformer.data.prepared.directory import Prepared
+from jax_transformer.train import finetune, selection
+from jax_transformer.train.checkpoints import Checkpointer
 from jax_transformer.train.inputs import Prefetcher, log, set_data_position
-from jax_transformer.train.preparation import PreparedRun
 from jax_transformer.train.records.late_metrics import LateMetrics, TrainingDiverged
 from jax_transformer.train.records.report import training_report
 from jax_transformer.train.records.tensorboard import TENSORBOARD_DIR
 from jax_transformer.train.records.workdir import METRICS_FILE, MetricsLog
 from jax_transformer.train.runtime import compiling, interrupts, signals
+from jax_transformer.train.settings import RunSettings
 from jax_transformer.train.step import TrainState, Trainer
+from jax_transformer.train.tasks import Task
 from jax_transformer.train.tasks.metrics import heldout_loss
 from transformer_core.errors import TrainError, counted
 from transformer_core.progress import progress_bar
+from transformer_core.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """One run, prepared in its work directory: what the loop and the final evaluation
+    read."""
+    settings: RunSettings
+    task: Task  # TASKS[--task]
+    workdir: Path
+    primary: bool  # process 0: writes the run's files, holds the lock
+    started_at: float  # time.monotonic() when the run began: --time-budget counts from it
+    compile_cache: str | None  # the persistent compilation cache in use, if any
+    checkpointer: Checkpointer
+    resuming: bool  # the work directory holds checkpoints
+    init: finetune.InitDir | None  # --init-from's checkpoint directory
+    data: Prepared  # the prepared corpus
+    tokenizer: Tokenizer
+    batches: dict[str, PackedBatches]  # per split
+    trainer: Trainer
+    start_scores: dict | None = None  # fine-tuning: the starting model's evaluation
 
 
 @dataclasses.dataclass

@@ -29,7 +29,7 @@ from jax_transformer.data.batches.packed import PackedBatches
 from jax_transformer.pretrained import to_torch_state_dict
 from jax_transformer.train import finetune
 from jax_transformer.train.checkpoints import Checkpointer
-from jax_transformer.train.preparation import prepare
+from jax_transformer.train.run import prepare
 from jax_transformer.train.settings.training import TrainSettings
 from jax_transformer.train.step import freeze, make_optimizer, make_schedule, warmup_schedule
 from tests.helpers import run_command
