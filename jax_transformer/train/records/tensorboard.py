@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _import_tensorboardx():
-    """tensorboardX's event writer and protos, without the torch import (1.5 to 3 s on
+    """tensorboardX's event writer and protos, without the torch import (seconds, on
     every train.py start) that tensorboardX's package makes only to accept torch
     tensors, which we never pass: a None in sys.modules makes `import torch` fail,
     for that moment."""
