@@ -670,6 +670,7 @@ def test_race_ours_training_loss_is_the_mean_since_the_previous_evaluation():
         {"step": 5, "seconds": 15.0, "dev_loss": 5.0, "train_loss": 3.5}]
 
 
+@pytest.mark.slow  # trains a Marian for 1.5 s, importing transformers
 def test_race_peer_training_loss_is_the_mean_since_the_previous_evaluation(monkeypatch):
     """train_until, a tiny Marian for 1.5 s on the CPU: each evaluation's training
     loss is the mean of the losses (per real target token) of the steps since the last."""
