@@ -180,10 +180,10 @@ def test_float32_sampling_jax_equals_torch(models):
                                        rtol=0)
 
 
-@pytest.mark.parametrize("case", fast_tier(
-    [("torch", "greedy beam_short"), ("torch", "sample beam"),
-     ("jax", "greedy sample beam beam_short")],
-    fast=set()), ids=["torch_short", "torch", "jax"])
+@pytest.mark.slow  # every prompt searched alone; test_*_jax_equals_torch stay fast
+@pytest.mark.parametrize("case", [("torch", "greedy beam_short"), ("torch", "sample beam"),
+                                  ("jax", "greedy sample beam beam_short")],
+                         ids=["torch_short", "torch", "jax"])
 def test_prompts_of_different_lengths_equal_each_alone(models, case):
     """Each prompt continued alone gets the batch's tokens and scores (sampling
     with its row of the batch's uniforms). Alone means unpadded in torch; in JAX
