@@ -170,7 +170,7 @@ def beam_search(model: Transformer, src_ids, *, max_len: int, beam_size: int = 4
                          f"got {length_penalty_style!r}")
     graphdef, state, src_ids, src_mask, ids = _prepare(model, src_ids, src_mask, max_len, eos_id)
     forced = _forced_ids(forced_first, src_ids.shape[0], model.config.tgt_vocab_size)
-    return _beam_jit(graphdef, state, src_ids, src_mask, jnp.asarray(float(alpha)), forced,
+    return _beam_jit(graphdef, state, src_ids, src_mask, jnp.asarray(alpha, float), forced,
                      max_len=max_len, beam_size=beam_size, style=length_penalty_style, **ids)
 
 

@@ -60,6 +60,14 @@ def load_pretrained(model_class, directory, *, dtype=None, param_dtype=None, see
     defaults to `param_dtype`.
     """
     config, tensors = checkpoint_dir.load_dir(directory)
+    return from_tensors(model_class, config, tensors, dtype=dtype, param_dtype=param_dtype,
+                        seed=seed)
+
+
+def from_tensors(model_class, config, tensors: Mapping[str, np.ndarray], *, dtype=None,
+                 param_dtype=None, seed: int = 0):
+    """`model_class(config, ...)` holding a checkpoint's torch-named `tensors` (as
+    load_pretrained, from tensors already read)."""
     param_dtype = param_dtype or next(iter(tensors.values())).dtype
     model = model_class(config, rngs=nnx.Rngs(seed), dtype=dtype or param_dtype,
                         param_dtype=param_dtype)

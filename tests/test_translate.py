@@ -221,22 +221,6 @@ def test_jax_translates_with_train_pys_compile_cache(jax_checkpoint, tmp_path, c
     assert used == [default_compile_cache() if cache == "default" else cache]
 
 
-@pytest.mark.slow  # two jaxformer-translate processes
-def test_a_second_call_loads_its_searches_from_the_compile_cache(jax_checkpoint, tmp_path):
-    """The first call keeps its compiled programs in --compile-cache; the second finds
-    every one there, so it adds none."""
-    cache = tmp_path / "xla"
-    args = ["--checkpoint", jax_checkpoint, "--compile-cache", cache]
-    first = run_script(args, b"the cat\n")
-    assert first.returncode == 0, first.stderr.decode()[-2000:]
-    kept = sorted(path.name for path in cache.iterdir())
-    assert any(name.startswith("jit__beam_jit") for name in kept), kept
-    second = run_script(args, b"the cat\n")
-    assert second.returncode == 0, second.stderr.decode()[-2000:]
-    assert second.stdout == first.stdout
-    assert sorted(path.name for path in cache.iterdir()) == kept
-
-
 @pytest.mark.slow  # 1,000 sentences, each search compiled afresh
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_file_of_1000_sentences_of_mixed_lengths_compiles_at_most_8_programs(

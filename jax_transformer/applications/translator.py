@@ -19,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from jax_transformer.applications.compiled_searches import CompiledSearches
 from jax_transformer.data.batches.rows import padded_length
 from transformer_core import checkpoint_dir
 from transformer_core.config import TransformerConfig
@@ -31,9 +32,12 @@ class TranslateError(InputError):
     """The translation request cannot be served as given."""
 
 
-def load(checkpoint, framework: str):
+def load(checkpoint, framework: str, *, compiled_searches: bool = False,
+         keep_compiled_in: Path | None = None):
     """(model, tokenizer) from a checkpoint directory, or a clear error (the config's and
-    the weights' before the tokenizer's)."""
+    the weights' before the tokenizer's). With `compiled_searches`, JAX's "model" is the
+    checkpoint's CompiledSearches, kept in `keep_compiled_in` (the compilation cache's
+    directory; None: in this process only): searched() runs them like the model's."""
     directory = Path(checkpoint)
     if not directory.is_dir():
         raise TranslateError(f"checkpoint directory {directory} does not exist")
@@ -51,6 +55,9 @@ def load(checkpoint, framework: str):
         import torch_reference
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model = torch_reference.Transformer.from_pretrained(directory, device=device).eval()
+    elif compiled_searches:  # no Flax model: it is built only to compile a missing search
+        config, tensors = checkpoint_dir.load_dir(directory)
+        model = CompiledSearches(config, tensors, keep_compiled_in)
     else:
         from jax_transformer.model import Transformer
         model = Transformer.from_pretrained(directory)
@@ -143,7 +150,7 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     if max_len is not None and max_len > config.max_len:
         raise TranslateError(f"--max-len {max_len} exceeds the model's max_len {config.max_len}")
     check_nbest(nbest, beam, sampling is not None)
-    if framework == "jax":
+    if framework == "jax" and not isinstance(model, CompiledSearches):
         from jax_transformer.search import eval_model
         model = eval_model(model)  # split once, not at every batch
     sources = encode_sources(lines, tokenizer, config, first_line)
@@ -221,27 +228,35 @@ def encode_sources(lines, tokenizer: CheckpointTokenizer, config: TransformerCon
     return sources
 
 
-def search_batch(model, src: np.ndarray, out_len: int, *, framework: str, beam: int,
-                 alpha: float, sampling: Sampling | None, length_penalty_style: str,
-                 forced) -> tuple[np.ndarray, np.ndarray]:
+def search_batch(model, src: np.ndarray, out_len: int, **search
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(B, S) source ids -> tokens (B, K, out_len) and scores (B, K) as numpy: K = `beam`
-    for beam search, 1 for greedy search and sampling."""
+    for beam search, 1 for greedy search and sampling (run_search's, or the compiled
+    searches')."""
+    if isinstance(model, CompiledSearches):
+        return model(src, out_len, **search)
+    return tuple(np.asarray(x.cpu() if search["framework"] == "torch" else x)
+                 for x in run_search(model, src, out_len, **search))
+
+
+def run_search(model, src, out_len: int, *, framework: str, beam: int, alpha: float = 0.6,
+               sampling: Sampling | None, length_penalty_style: str, forced, uniforms=None):
+    """(B, S) source ids -> tokens (B, K, out_len) and scores (B, K) as the framework's
+    arrays (traceable: CompiledSearches compiles it); `uniforms` sampling's draws (default:
+    `sampling`'s own)."""
     if framework == "torch":
         from torch_reference import decoding
     else:
         from jax_transformer import decoding
     if sampling is not None:
         tokens, scores = decoding.sample(model, src, max_len=out_len, sampling=sampling,
-                                         forced_first=forced)
+                                         uniforms=uniforms, forced_first=forced)
     elif beam == 1:
         tokens, scores = decoding.greedy_search(model, src, max_len=out_len, forced_first=forced)
     else:
-        return tuple(np.asarray(x.cpu() if framework == "torch" else x) for x in
-                     decoding.beam_search(model, src, max_len=out_len, beam_size=beam,
-                                          alpha=alpha, forced_first=forced,
-                                          length_penalty_style=length_penalty_style))
-    return tuple(np.asarray(x.cpu() if framework == "torch" else x)[:, None]
-                 for x in (tokens, scores))
+        return decoding.beam_search(model, src, max_len=out_len, beam_size=beam, alpha=alpha,
+                                    forced_first=forced, length_penalty_style=length_penalty_style)
+    return tokens[:, None], scores[:, None]
 
 
 def generated_ids(tokens: np.ndarray, eos_id: int) -> tuple[int, ...]:

@@ -261,9 +261,10 @@ def translate_command(argv=None) -> int:
         raise TranslateError("stdin is closed (<&-), so there is nothing to translate: give "
                              "the sentences on stdin (< FILE, a pipe) or with --input FILE")
     with Output(args.output) as output:
-        if args.framework == "jax":
-            use_compile_cache(args.compile_cache, off=args.no_compile_cache)
-        model, tokenizer = load(args.checkpoint, args.framework)
+        cache = (use_compile_cache(args.compile_cache, off=args.no_compile_cache)
+                 if args.framework == "jax" else None)
+        model, tokenizer = load(args.checkpoint, args.framework, compiled_searches=True,
+                                keep_compiled_in=cache)
         set_languages(tokenizer, args.src_lang, args.tgt_lang)
         if args.normalize_punctuation and not tokenizer.normalizes:
             raise TranslateError(f"--normalize-punctuation needs a Marian tokenizer (source.spm "
@@ -292,14 +293,15 @@ def translate_command(argv=None) -> int:
     return 0
 
 
-def use_compile_cache(directory: str | None, off: bool) -> None:
+def use_compile_cache(directory: str | None, off: bool) -> Path | None:
     """Keep the compiled programs in JAX's persistent cache, `directory` or train.py's
     default (none when `off`), so that a later call loads its searches instead of
-    compiling them; a cache that cannot be used is train.py's warning or error."""
+    compiling them (applications/compiled_searches.py); a cache that cannot be used is
+    train.py's warning or error. Returns the directory used, or None."""
     from jax_transformer.train.runtime.compiling import use_compilation_cache
     from jax_transformer.train.settings.training import default_compile_cache
     default = default_compile_cache()
-    use_compilation_cache(None if off else directory or default, default=default)
+    return use_compilation_cache(None if off else directory or default, default=default)
 
 
 def stdin_is_a_stream() -> bool:
