@@ -151,9 +151,10 @@ def describe(result: dict) -> Report:
                f"{result['rounds']} rounds on a warm compilation cache, every command and "
                "framework in turn each round; the cold-cache row is the one run that filled "
                "the cache.",
-               f"The machine was shared: other jobs ran throughout (load average "
-               f"{load['start']:.1f} at the start, {load['end']:.1f} at the end, on "
-               f"{result['machine']['cpus']} CPUs), so the figures are noisy."],
+               f"Load average {load['start']:.1f} at the start, {load['end']:.1f} at the "
+               f"end, on {result['machine']['cpus']} CPUs"
+               + (": other jobs ran, so the figures are noisy." if max(load.values())
+                  > result["machine"]["cpus"] / 2 else " (nothing else ran).")],
         tables=[Table(("framework", "first line (s)", "further lines, median (s)",
                        "slowest further line (s)", "file: first sentence (s)"), table,
                       align="lrrrr")],

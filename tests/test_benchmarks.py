@@ -333,7 +333,8 @@ PAGES = {
         "jax", "torch", "3.25", "0.075", "1.125", "4.25", "4.50", "1.750", "4.625", "10.50",
         "jax, cold cache (one run)", "10.00", "0.062", "6.375", "runs/numbers/export",
         "lines.txt", "20", "0.10.2"), (
-        "load average 7.2 at the start, 8.8 at the end, on 2 CPUs", "d_model 128",
+        "Load average 7.2 at the start, 8.8 at the end, on 2 CPUs: other jobs ran",
+        "d_model 128",
         "3+3 layers", "beam 4", "median of 3 rounds", "AMD EPYC")),
     "bench_data": (bench_data, data_result, (
         "28,800", "10,000,000", "2", "1", "4", "19", "8", "21", "4,321", "45,678", "55,123",

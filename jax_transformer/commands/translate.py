@@ -30,7 +30,9 @@ applies BPE itself. --normalize-punctuation applies the Moses punctuation normal
 of OPUS-MT's pre-processing first.
 Sentences are sorted by length into batches and padded to the training buckets'
 lengths (jax_transformer.data.batches.rows), so JAX compiles once per length bucket,
-not once per batch. Progress and errors go to stderr. `--framework torch` runs
+not once per batch; each compiled search is kept in the compilation cache
+(applications/compiled_searches.py), so a later call loads it without building the
+model or tracing anything. Progress and errors go to stderr. `--framework torch` runs
 torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 """
 
