@@ -5,8 +5,8 @@ on the checkpoint's weights, read as numpy arrays: it imports no Flax, builds no
 and traces nothing, so its first line is answered about as soon as JAX is imported.
 Each entry is one search (greedy, beam or sampling, with its settings) at one batch
 shape and output length, compiled with the weights, the sources and the sampling
-draws as its arguments (translator.run_search, the same function the live model
-runs), and serialized with `jax.experimental.serialize_executable` into the
+draws as its arguments (batch_search.run_search, the same function the live
+model runs), and serialized with `jax.experimental.serialize_executable` into the
 compilation cache's `searches/` folder. An entry's name hashes everything that fixes
 its program: the model's config and dtype, the search's settings, the shapes, the
 versions of JAX and of this package's code (its source files), the backend, the
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jax_transformer.applications.batch_search import run_search
 from transformer_core.config import TransformerConfig
 
 FOLDER = "searches"  # under the compilation cache's directory
@@ -112,7 +113,6 @@ class CompiledSearches:
         import jax
         from flax import nnx
 
-        from jax_transformer.applications.translator import run_search
         from jax_transformer.model import Transformer
         from jax_transformer.pretrained import from_tensors
         from transformer_core.checkpoint_dir import flax_path_to_torch_key

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from jax_transformer.applications.batch_search import run_search
 from jax_transformer.applications.compiled_searches import CompiledSearches
 from jax_transformer.data.batches.rows import padded_length
 from transformer_core import checkpoint_dir
@@ -237,26 +238,6 @@ def search_batch(model, src: np.ndarray, out_len: int, **search
         return model(src, out_len, **search)
     return tuple(np.asarray(x.cpu() if search["framework"] == "torch" else x)
                  for x in run_search(model, src, out_len, **search))
-
-
-def run_search(model, src, out_len: int, *, framework: str, beam: int, alpha: float = 0.6,
-               sampling: Sampling | None, length_penalty_style: str, forced, uniforms=None):
-    """(B, S) source ids -> tokens (B, K, out_len) and scores (B, K) as the framework's
-    arrays (traceable: CompiledSearches compiles it); `uniforms` sampling's draws (default:
-    `sampling`'s own)."""
-    if framework == "torch":
-        from torch_reference import decoding
-    else:
-        from jax_transformer import decoding
-    if sampling is not None:
-        tokens, scores = decoding.sample(model, src, max_len=out_len, sampling=sampling,
-                                         uniforms=uniforms, forced_first=forced)
-    elif beam == 1:
-        tokens, scores = decoding.greedy_search(model, src, max_len=out_len, forced_first=forced)
-    else:
-        return decoding.beam_search(model, src, max_len=out_len, beam_size=beam, alpha=alpha,
-                                    forced_first=forced, length_penalty_style=length_penalty_style)
-    return tokens[:, None], scores[:, None]
 
 
 def generated_ids(tokens: np.ndarray, eos_id: int) -> tuple[int, ...]:
