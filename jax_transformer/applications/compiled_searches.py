@@ -40,7 +40,7 @@ PACKAGES = ("jax_transformer", "transformer_core")  # whose code the programs ar
 
 class CompiledSearches:
     """A checkpoint's searches, as translator.search_batch calls them: (B, S) sources ->
-    tokens (B, K, L) and scores (B, K) as numpy arrays. `tensors` are the checkpoint's,
+    tokens and scores as numpy arrays, shaped as run_search's. `tensors` are the checkpoint's,
     torch-named and torch-laid-out; `keep_in` the compilation cache's directory (None:
     compile each search once per process and keep none)."""
 

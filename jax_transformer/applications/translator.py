@@ -235,9 +235,11 @@ def search_batch(model, src: np.ndarray, out_len: int, **search
     for beam search, 1 for greedy search and sampling (run_search's, or the compiled
     searches')."""
     if isinstance(model, CompiledSearches):
-        return model(src, out_len, **search)
-    return tuple(np.asarray(x.cpu() if search["framework"] == "torch" else x)
-                 for x in run_search(model, src, out_len, **search))
+        tokens, scores = model(src, out_len, **search)
+    else:
+        tokens, scores = (np.asarray(x.cpu() if search["framework"] == "torch" else x)
+                          for x in run_search(model, src, out_len, **search))
+    return (tokens, scores) if tokens.ndim == 3 else (tokens[:, None], scores[:, None])
 
 
 def generated_ids(tokens: np.ndarray, eos_id: int) -> tuple[int, ...]:
