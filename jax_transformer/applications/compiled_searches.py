@@ -188,8 +188,10 @@ def traced_settings(rows: int, out_len: int, *, beam: int, alpha: float, samplin
     import jax
 
     dtype = jax.dtypes.canonicalize_dtype(np.float64)
+    if sampling is not None and not sampling.greedy:
+        return {"uniforms": sampling.uniforms(rows, out_len).astype(dtype)}
     if sampling is not None:
-        return {} if sampling.greedy else {"uniforms": sampling.uniforms(rows, out_len).astype(dtype)}
+        return {}
     return {"alpha": np.asarray(alpha, dtype)} if beam > 1 else {}
 
 
