@@ -122,7 +122,8 @@ def prepare_sampling(settings: Sampling, batch_size: int, steps: int, vocab_size
         return None, dict(k=0, nucleus=False)
     uniforms = settings.uniforms(batch_size, steps) if uniforms is None else uniforms  # or traced
     if np.shape(uniforms) != (batch_size, steps):
-        raise ValueError(f"uniforms must have shape {(batch_size, steps)}, got {np.shape(uniforms)}")
+        raise ValueError(f"uniforms must have shape {(batch_size, steps)}, "
+                         f"got {np.shape(uniforms)}")
     # 1 / temperature as the traced argument holds it (float32 unless x64 is on): a larger
     # number would become inf there, with numpy's overflow warning on stderr.
     inverse = min(1.0 / settings.temperature, float(np.finfo(jnp.result_type(float)).max))
