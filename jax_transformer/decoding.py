@@ -31,9 +31,9 @@ frameworks pick the same tokens for the same seed.
 
 The model runs in eval mode (dropout off) whatever mode it is in; `model` may
 also be search.eval_model(model), split once for many searches. Each search
-is one `jax.jit` over a `lax.while_loop` whose carry holds a fixed-size cache
-(see Transformer.init_cache / decode_step; beam search grows it between loops,
-search.growing_loop), so a batch shape compiles once, not once per token; the
+is one `jax.jit` over `lax.while_loop`s whose carry holds a fixed-size cache
+(see Transformer.init_cache / decode_step), grown between loops
+(search.growing_loop), so a batch shape compiles once, not once per token; the
 loop stops early when every sentence has finished.
 """
 
@@ -51,7 +51,7 @@ from jax_transformer.model import Transformer
 from jax_transformer.search import (LENGTH_PENALTY_STYLES, beam_result, beam_state,
                                     beam_update, beams_settled, cache_lengths, eval_split,
                                     force_tokens, greedy_pick, growing_loop, length_penalty,
-                                    log_softmax, prepare_sampling, sample_ids)
+                                    log_softmax, loop_invariant, prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -120,7 +120,7 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
     score_dtype = jnp.promote_types(memory.dtype, jnp.float32)
     init = dict(t=jnp.int32(0), tokens=tokens, scores=jnp.zeros((B,), score_dtype),
                 finished=jnp.zeros((B,), bool),
-                cache=model.init_cache(memory, max_len))
+                cache=loop_invariant(model.init_cache(memory, cache_lengths(max_len)[0])))
 
     def not_done(s):
         return (s["t"] < max_len) & ~jnp.all(s["finished"])
@@ -142,7 +142,7 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
                                                      axis=1)
         return dict(t=t + 1, tokens=tokens, scores=scores, finished=finished, cache=cache)
 
-    s = jax.lax.while_loop(not_done, step, init)
+    s = growing_loop(not_done, step, init, cache_lengths(max_len))
     return s["tokens"][:, 1:], s["scores"]
 
 
@@ -184,8 +184,8 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, bea
     memory, _ = model.encode(src_ids, src_mask)  # (B, S, D)
     # Beams are flattened into the batch: row b * K + k is beam k of sentence b.
     # All beams of a sentence share its cross-attention keys/values.
-    cache = jax.tree.map(lambda x: jnp.repeat(x, K, axis=0),
-                         model.init_cache(memory, cache_lengths(max_len)[0]))
+    cache = loop_invariant(jax.tree.map(lambda x: jnp.repeat(x, K, axis=0),
+                                        model.init_cache(memory, cache_lengths(max_len)[0])))
     src_mask = jnp.repeat(src_mask, K, axis=0)  # (B*K, 1, 1, S)
     dtype = jnp.promote_types(memory.dtype, jnp.float32)
     alpha = alpha.astype(dtype)  # traced: another alpha does not recompile

@@ -19,7 +19,8 @@ into the same tokens and scores.
     beam_state / beam_update / beams_settled / beam_result
                                            the beam search's state, step, stop test and result
     cache_lengths(max_len) / growing_loop(not_done, step, state, lengths)
-                                           beam search's loop, its cache grown as it goes
+                                           a search's loop, its cache grown as it goes
+    loop_invariant(cache)                  the cache as it enters the loop, left in its layout
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ def cache_lengths(max_len: int) -> list[int]:
                    for halvings in range(CACHE_LENGTHS)})
 
 
+def loop_invariant(cache):
+    """The cache as a search's loop receives it, its layout fixed: without this, XLA folds
+    the heads-first transpose of the cross-attention keys/values (Decoder.init_cache)
+    into the attention's own and redoes it inside the loop, at every step (a tenth of a
+    greedy step on XLA:CPU: docs/performance.md, "Decoding against CTranslate2 (CPU)")."""
+    return jax.lax.optimization_barrier(cache)
+
+
 def grow_cache(cache, length: int):  # self_k/self_v (B, H, L, Dh) -> (B, H, length, Dh)
     def grown(x):
         return jnp.pad(x, ((0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)))
@@ -83,10 +92,10 @@ def growing_loop(not_done, step, state: dict, lengths: list[int]) -> dict:
     counter "t" and a decoding "cache" (model.init_cache(..., lengths[0])), run as one
     loop per cache length in `lengths` (cache_lengths), the cache padded to the next
     length between them: each step attends to (and a beam search reorders) the
-    positions the search can have reached, not all of them. A beam step's time grows
-    with its cache's length, a greedy step's hardly (docs/performance.md, "Decoding
-    against CTranslate2 (CPU)"), so greedy search keeps one length, and one loop to compile.
-    torch needs no such thing: its shapes may change at every step."""
+    positions the search can have reached, not all of them: a step reads its whole
+    cache, so a sentence that runs to max_len pays for it at every step otherwise
+    (docs/performance.md, "Decoding against CTranslate2 (CPU)"). Each length is one more
+    loop to compile. torch needs no such thing: its shapes may change at every step."""
     for length in lengths:
         state = jax.lax.while_loop(lambda s: (s["t"] < length) & not_done(s), step,
                                    {**state, "cache": grow_cache(state["cache"], length)})
