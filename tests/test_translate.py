@@ -170,6 +170,65 @@ def test_one_output_line_per_input_line(torch_checkpoint, tmp_path, capsys, endi
     assert output.read_text(encoding="utf-8").split("\n") == [*expected, ""]
 
 
+def test_batches_searched_two_at_a_time_give_the_same_translations(jax_checkpoint,
+                                                                   monkeypatch):
+    model, tokenizer = translator.load(jax_checkpoint, "jax")
+    lines = [" ".join(["the", "quick", "fox"][: 1 + n % 3] * (1 + n % 5)) for n in range(11)]
+    results = {}
+    for at_once in (1, 2):
+        monkeypatch.setattr(translator, "BATCHES_AT_ONCE", at_once)
+        results[at_once] = translator.search_lines(lines, model, tokenizer, beam=2,
+                                                   batch_size=4)  # 3 batches
+    assert results[2] == results[1]
+
+
+def test_in_turn_keeps_the_order_and_runs_at_most_so_many_at_once():
+    import threading
+    import time
+    running, most, lock = [0], [0], threading.Lock()
+
+    def work(item):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02 * (item % 3))  # later items may finish first
+        with lock:
+            running[0] -= 1
+        return item * 10
+
+    assert list(translator.in_turn(work, range(9), 3)) == [i * 10 for i in range(9)]
+    assert most[0] == 3
+    assert list(translator.in_turn(work, range(4), 1)) == [0, 10, 20, 30]
+
+
+def test_in_turn_runs_ahead_of_its_caller_by_at_most_so_many():
+    import time
+    started = []
+
+    def work(item):
+        started.append(item)
+        return item
+
+    results = translator.in_turn(work, range(100), 2)
+    assert next(results) == 0
+    time.sleep(0.2)  # the caller writes its result; the work queued behind must wait
+    assert len(started) <= 2, started
+    results.close()  # the caller's reader has gone
+    assert len(started) <= 2, started
+
+
+def test_in_turn_raises_what_the_work_raised():
+    def work(item):
+        if item == 2:
+            raise translator.TranslateError("batch 2 failed")
+        return item
+
+    results = translator.in_turn(work, range(5), 2)
+    assert [next(results), next(results)] == [0, 1]
+    with pytest.raises(translator.TranslateError, match="batch 2 failed"):
+        next(results)
+
+
 def test_source_widths_are_few_and_hold_max_len():
     assert translator.source_widths(128) == [16, 32, 64, 128]
     assert translator.source_widths(100) == [12, 25, 50, 100]

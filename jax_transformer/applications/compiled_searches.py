@@ -26,6 +26,7 @@ import os
 import platform
 import secrets
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,7 @@ class CompiledSearches:
         self._programs: dict[str, object] = {}  # entry name -> an executable that ran
         self._weights = None  # on the device, Flax-laid-out, made at the first search
         self._model = None  # the Flax model, built at the first compile
+        self._finding = threading.Lock()  # held while a program is loaded or compiled
 
     def __call__(self, src: np.ndarray, out_len: int, *, framework: str = "jax", beam: int,
                  alpha: float, sampling, length_penalty_style: str, forced):
@@ -68,14 +70,17 @@ class CompiledSearches:
 
         if name in self._programs:
             return run(self._programs[name])
-        loaded = self._load(name, src, traced)
-        if loaded is not None:
-            try:
-                return run(loaded)
-            except Exception as e:  # noqa: BLE001  (an entry that loads but cannot run)
-                print(f"warning: the compiled search {self._path(name)} could not run "
-                      f"({type(e).__name__}: {e}); compiling it again", file=sys.stderr)
-        return run(self._compile(name, src, out_len, search, traced))
+        with self._finding:  # batches searched at once (translator.in_turn) load or compile once
+            if name in self._programs:
+                return run(self._programs[name])
+            loaded = self._load(name, src, traced)
+            if loaded is not None:
+                try:
+                    return run(loaded)
+                except Exception as e:  # noqa: BLE001  (an entry that loads but cannot run)
+                    print(f"warning: the compiled search {self._path(name)} could not run "
+                          f"({type(e).__name__}: {e}); compiling it again", file=sys.stderr)
+            return run(self._compile(name, src, out_len, search, traced))
 
     # ------------------------------------------------------------ entries
 

@@ -12,8 +12,10 @@ torch_reference (on CUDA when torch sees a GPU) and does not import JAX.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -144,7 +146,8 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     run in the order of the first line each holds, and after each the lines done since
     (all before them done too) are yielded: the first translations come after a batch,
     not after the whole input, so a caller writing them as they come learns at once
-    that its reader has gone (`| head -1`). `length_penalty_style` "hf" is
+    that its reader has gone (`| head -1`). JAX searches BATCHES_AT_ONCE batches at a
+    time, each on a thread of its own. `length_penalty_style` "hf" is
     transformers' beam search (length_penalty = alpha).
     `first_line` numbers the lines in warnings and errors."""
     config = model.config
@@ -168,8 +171,8 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
     search = dict(framework=framework, beam=beam, alpha=alpha, sampling=sampling,
                   length_penalty_style=length_penalty_style,
                   forced=getattr(tokenizer, "forced_first_id", None))  # the target language's
-    written = 0
-    for batch in (progress(batches) if progress else batches):
+
+    def search_one(batch):  # -> batch, tokens (B, K, L), scores (B, K)
         width = padded_length(max(len(sources[i]) for i in batch), widths)
         # Few shapes for jit: a batch is (batch_size, width), the last one's rows rounded up
         # to a power of two (12 sentences: 16 rows, not 32); filler rows are [eos].
@@ -179,8 +182,12 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
         src[:, 0] = config.eos_id
         for row, i in enumerate(batch):
             src[row, : len(sources[i])] = sources[i]
-        tokens, scores = search_batch(model, src, max_len or min(config.max_len, 2 * width + 10),
-                                      **search)
+        return batch, *search_batch(model, src, max_len or min(config.max_len, 2 * width + 10),
+                                    **search)
+
+    written = 0
+    for batch, tokens, scores in in_turn(search_one, progress(batches) if progress else batches,
+                                         BATCHES_AT_ONCE if framework == "jax" else 1):
         for row, i in enumerate(batch):
             ids = [generated_ids(t, config.eos_id) for t in tokens[row, :nbest]]
             results[i] = distinct([Hypothesis(tokenizer.decode(list(t)), float(score), t)
@@ -190,6 +197,32 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
         written = done
     if written < len(lines):  # no batch ran: every line blank
         yield results[written:]
+
+
+# JAX searches a file's batches this many at a time, each on a thread of its own: a search
+# on XLA:CPU keeps about one core busy, and two at once on 2 cores translate a file 1.25x
+# faster (docs/performance.md, "Decoding against CTranslate2 (CPU)"). torch's ops use
+# every core themselves.
+BATCHES_AT_ONCE = 2
+
+
+def in_turn(work, items, at_once: int) -> Iterator:
+    """work(item) for each item, in order, up to `at_once` of them running at a time."""
+    if at_once <= 1:
+        yield from map(work, items)
+        return
+    with ThreadPoolExecutor(at_once) as pool:
+        running = collections.deque()
+        try:
+            for item in items:
+                running.append(pool.submit(work, item))
+                if len(running) == at_once:
+                    yield running.popleft().result()
+            while running:
+                yield running.popleft().result()
+        finally:  # a caller that stops early does not wait for the work queued behind
+            for future in running:
+                future.cancel()
 
 
 def distinct(hypotheses: list[Hypothesis]) -> list[Hypothesis]:
