@@ -31,10 +31,12 @@ frameworks pick the same tokens for the same seed.
 
 The model runs in eval mode (dropout off) whatever mode it is in; `model` may
 also be search.eval_model(model), split once for many searches. Each search
-is one `jax.jit` over `lax.while_loop`s whose carry holds a fixed-size cache
-(see Transformer.init_cache / decode_step), grown between loops
-(search.growing_loop), so a batch shape compiles once, not once per token; the
-loop stops early when every sentence has finished.
+is one `jax.jit` over a `lax.while_loop` whose carry holds a fixed-size cache
+(see Transformer.init_cache / decode_step), so a batch shape compiles once, not
+once per token; the loop stops early when every sentence has finished. Beam
+search grows its cache between loops (search.growing_loop), and its settled
+sentences leave the batch (search.leaving_when_done: 32 sentences go on as 8, then
+2), inside the same program.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ from jax_transformer.masks import padding_mask
 from jax_transformer.model import Transformer
 from jax_transformer.search import (LENGTH_PENALTY_STYLES, beam_result, beam_state,
                                     beam_update, beams_settled, cache_lengths, eval_split,
-                                    force_tokens, greedy_pick, growing_loop, length_penalty,
-                                    log_softmax, loop_invariant, prepare_sampling, sample_ids)
+                                    force_tokens, greedy_pick, growing_loop, leaving_when_done,
+                                    length_penalty, log_softmax, loop_invariant,
+                                    prepare_sampling, sample_ids)
 from transformer_core.generation import Sampling
 
 
@@ -120,7 +123,7 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
     score_dtype = jnp.promote_types(memory.dtype, jnp.float32)
     init = dict(t=jnp.int32(0), tokens=tokens, scores=jnp.zeros((B,), score_dtype),
                 finished=jnp.zeros((B,), bool),
-                cache=loop_invariant(model.init_cache(memory, cache_lengths(max_len)[0])))
+                cache=loop_invariant(model.init_cache(memory, max_len)))
 
     def not_done(s):
         return (s["t"] < max_len) & ~jnp.all(s["finished"])
@@ -142,7 +145,7 @@ def _pick_jit(graphdef, state, src_ids, src_mask, draws, forced, *, max_len, bos
                                                      axis=1)
         return dict(t=t + 1, tokens=tokens, scores=scores, finished=finished, cache=cache)
 
-    s = growing_loop(not_done, step, init, cache_lengths(max_len))
+    s = jax.lax.while_loop(not_done, step, init)
     return s["tokens"][:, 1:], s["scores"]
 
 
@@ -186,30 +189,37 @@ def _beam_jit(graphdef, state, src_ids, src_mask, alpha, forced, *, max_len, bea
     # All beams of a sentence share its cross-attention keys/values.
     cache = loop_invariant(jax.tree.map(lambda x: jnp.repeat(x, K, axis=0),
                                         model.init_cache(memory, cache_lengths(max_len)[0])))
-    src_mask = jnp.repeat(src_mask, K, axis=0)  # (B*K, 1, 1, S)
     dtype = jnp.promote_types(memory.dtype, jnp.float32)
     alpha = alpha.astype(dtype)  # traced: another alpha does not recompile
 
     seqs = jnp.full((B, K, max_len + 1), pad, jnp.int32).at[:, :, 0].set(bos)  # (B, K, 1 + L)
-    init = beam_state(seqs, cache, dtype)
+    # What a sentence needs rides in the state, so that settled ones can leave the batch.
+    init = {**beam_state(seqs, cache, dtype), "finished_rows": jnp.zeros((B,), bool),
+            "src_mask": jnp.repeat(src_mask, K, axis=0),  # (B*K, 1, 1, S)
+            "forced": None if forced is None else jnp.repeat(forced, K)}  # (B*K,)
     best_possible_lp = length_penalty(max_len, alpha, style)
-    forced = None if forced is None else jnp.repeat(forced, K)  # (B*K,)
 
-    def not_done(s):
-        return (s["t"] < max_len) & ~jnp.all(beams_settled(s, best_possible_lp, style))
+    def run(s, until, lengths):
+        def not_done(s):
+            unsettled = ~beams_settled(s, best_possible_lp, style)
+            return (s["t"] < max_len) & (jnp.sum(unsettled) > until)
+
+        s = growing_loop(not_done, step, s, lengths)
+        return {**s, "finished_rows": beams_settled(s, best_possible_lp, style)
+                | (s["t"] >= max_len)}
 
     def step(s):
-        t = s["t"]
-        inputs = s["live_seqs"][:, :, t].reshape(B * K, 1)  # (B*K, 1)
-        logits, cache = model.decode_step(inputs, s["cache"], t, src_mask)  # (B*K, V)
+        t, forced, width = s["t"], s["forced"], s["live_seqs"].shape[0]
+        inputs = s["live_seqs"][:, :, t].reshape(width * K, 1)  # (B*K, 1)
+        logits, cache = model.decode_step(inputs, s["cache"], t, s["src_mask"])  # (B*K, V)
         log_probs = log_softmax(logits)  # (B*K, V)
         if forced is not None:
             log_probs = force_tokens(log_probs, forced, (t == 0) & (forced >= 0))
-        return beam_update({**s, "cache": cache}, log_probs.reshape(B, K, -1), t + 1, alpha, eos,
-                           style=style, last=t + 1 >= max_len)
+        return {**s, **beam_update({**s, "cache": cache}, log_probs.reshape(width, K, -1),
+                                   t + 1, alpha, eos, style=style, last=t + 1 >= max_len)}
 
-    tokens, scores = beam_result(growing_loop(not_done, step, init, cache_lengths(max_len)),
-                                 best_possible_lp)
+    tokens, scores = leaving_when_done(run, init, lambda s: beam_result(s, best_possible_lp),
+                                       cache_lengths(max_len), beam_size=K)
     return tokens[:, :, 1:], scores
 
 

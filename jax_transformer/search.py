@@ -19,8 +19,9 @@ into the same tokens and scores.
     beam_state / beam_update / beams_settled / beam_result
                                            the beam search's state, step, stop test and result
     cache_lengths(max_len) / growing_loop(not_done, step, state, lengths)
-                                           a search's loop, its cache grown as it goes
+                                           beam search's loop, its cache grown as it goes
     loop_invariant(cache)                  the cache as it enters the loop, left in its layout
+    leaving_when_done(run, state, ...)     beam search's settled sentences leave its batch
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def cache_lengths(max_len: int) -> list[int]:
 def loop_invariant(cache):
     """The cache as a search's loop receives it, its layout fixed: without this, XLA folds
     the heads-first transpose of the cross-attention keys/values (Decoder.init_cache)
-    into the attention's own and redoes it inside the loop, at every step (a tenth of a
-    greedy step on XLA:CPU: docs/performance.md, "Decoding against CTranslate2 (CPU)")."""
+    into the attention's own and redoes it inside the loop, at every step (1.2 ms of a
+    10 ms greedy step on XLA:CPU: docs/performance.md, "Decoding against CTranslate2
+    (CPU)")."""
     return jax.lax.optimization_barrier(cache)
 
 
@@ -92,14 +94,67 @@ def growing_loop(not_done, step, state: dict, lengths: list[int]) -> dict:
     counter "t" and a decoding "cache" (model.init_cache(..., lengths[0])), run as one
     loop per cache length in `lengths` (cache_lengths), the cache padded to the next
     length between them: each step attends to (and a beam search reorders) the
-    positions the search can have reached, not all of them: a step reads its whole
-    cache, so a sentence that runs to max_len pays for it at every step otherwise
-    (docs/performance.md, "Decoding against CTranslate2 (CPU)"). Each length is one more
-    loop to compile. torch needs no such thing: its shapes may change at every step."""
+    positions the search can have reached, not all of them. A beam step's time grows
+    with its cache's length, a greedy step's hardly (docs/performance.md, "Decoding
+    against CTranslate2 (CPU)"), so greedy search keeps one length, and one loop to compile.
+    torch needs no such thing: its shapes may change at every step."""
     for length in lengths:
         state = jax.lax.while_loop(lambda s: (s["t"] < length) & not_done(s), step,
                                    {**state, "cache": grow_cache(state["cache"], length)})
     return state
+
+
+# ------------------------------------------- finished sentences leave the batch
+
+def narrower(width: int) -> int:
+    """The batch a search of `width` sentences goes on in once at most that many still
+    run: the widest of 2, 8, 32, 128, ... (2 * 4**k) within a quarter of `width` (32 -> 8
+    -> 2; 16 -> 2; 250 -> 32), or 0 (under 8): it runs to its end at `width`."""
+    narrow = 2 if width >= 8 else 0
+    while narrow and narrow * 16 <= width:
+        narrow *= 4
+    return narrow
+
+
+def take_rows(s: dict, rows, beam_size: int) -> dict:
+    """A search's state cut to the sentences `rows` (W,): each array with a row per
+    sentence (B, ...) or per beam (B*K, ...) keeps theirs, scalars stay."""
+    B = s["finished_rows"].shape[0]
+    beam_rows = (rows[:, None] * beam_size + jnp.arange(beam_size)).reshape(-1)  # (W*K,)
+
+    def take(x):
+        if jnp.ndim(x) == 0:
+            return x
+        return x[beam_rows] if x.shape[0] == B * beam_size else x[rows]
+    s = jax.tree.map(take, s)
+    return {**s, "cache": loop_invariant(s["cache"])}
+
+
+def leaving_when_done(run, s: dict, result, lengths: list[int], beam_size: int):
+    """A search whose finished sentences leave its batch, inside one jit-compiled program:
+    run(state, until, lengths) steps the search (growing_loop through the cache
+    `lengths`) until it ends or at most `until` sentences still run, and keeps
+    state["finished_rows"] (B,), the sentences whose result is final; result(state) ->
+    (tokens, scores), a row per sentence. The full batch runs until at most narrower(B)
+    sentences still run; those go on alone at that width (the rest of it filled with
+    finished ones, which change nothing), their cache at its longest, and so on down
+    the ladder; each stage's results are written back to their rows. A sentence's steps
+    do not depend on the others', so its tokens are the full-width loop's (in float32 a
+    matmul of another width may round its last bit otherwise, and so may the scores).
+    Each narrower width is one more loop to compile, and compacting a stage costs a copy
+    of the running sentences' state."""
+    B = s["finished_rows"].shape[0]
+    s = run(s, narrower(B), lengths)
+    tokens, scores = result(s)
+    index, width = jnp.arange(B), B  # the batch row of each row of the state
+    while narrower(width):
+        width = narrower(width)
+        rows = jnp.argsort(s["finished_rows"], stable=True)[:width]  # the running first
+        s, index = take_rows(s, rows, beam_size), index[rows]
+        s = run(s, narrower(width), lengths[-1:])
+        narrow_tokens, narrow_scores = result(s)
+        tokens, scores = tokens.at[index].set(narrow_tokens), scores.at[index].set(narrow_scores)
+    return tokens, scores
 
 
 def log_softmax(logits):  # (..., V), at least float32

@@ -302,6 +302,35 @@ def test_beam_scores_are_length_normalised_log_probs(models):
         assert abs(scores[i, 0].item() - expected) < 1e-9
 
 
+@pytest.mark.parametrize("options", [dict(alpha=0.6),
+                                     dict(alpha=1.0, length_penalty_style="hf")],
+                         ids=["gnmt", "hf"])
+def test_settled_sentences_leave_the_batch_with_the_same_tokens(models, monkeypatch, options):
+    """16 sentences: once at most 2 of them are not settled (search.narrower(16)), JAX's
+    beam search goes on with those alone (search.leaving_when_done), and gives torch's
+    tokens and scores, whose search keeps every sentence to the end."""
+    model, torch_model = models
+    rng = np.random.RandomState(0)
+    src = rng.randint(4, 40, (64, 9))
+    src[np.arange(9) >= rng.randint(2, 10, (64, 1))] = 0  # lengths 2-9
+    # 14 sentences that settle within 20 tokens, and 2 (rows 1 and 3) that do not
+    src = src[[0, 2, 3, 4, 8, 9, 10, 15, 16, 17, 19, 23, 26, 27, 32, 38]]
+    kept = []
+    monkeypatch.setattr(jax_search, "take_rows", lambda s, rows, beam_size: kept.append(
+        rows.shape[0]) or TAKE_ROWS(s, rows, beam_size))
+    jax.clear_caches()  # traced afresh, through the patched take_rows
+    jax_tokens, jax_scores = jax_decoding.beam_search(model, src, max_len=2 * MAX_LEN,
+                                                      beam_size=BEAM, **options)
+    torch_tokens, torch_scores = torch_decoding.beam_search(torch_model, src, max_len=2 * MAX_LEN,
+                                                            beam_size=BEAM, **options)
+    np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
+    np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
+    assert kept == [2]  # 14 rows left the batch, 2 went on alone
+
+
+TAKE_ROWS = jax_search.take_rows
+
+
 @pytest.mark.slow
 def test_uncached_greedy_equals_cached(models):
     model, torch_model = models
