@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,15 @@ def tiny_settings(workdir, *extra):
 
 def tiny_run(workdir, *extra):
     return run(tiny_settings(workdir, *extra))
+
+
+def resumable_copy(run: Path, workdir: Path, step: int) -> Path:
+    """A copy of `run` whose newest checkpoint is `step`."""
+    shutil.copytree(run, workdir)
+    for saved in (workdir / "checkpoints").iterdir():
+        if int(saved.name) > step:
+            shutil.rmtree(saved)
+    return workdir
 
 
 def records(workdir) -> list[dict]:

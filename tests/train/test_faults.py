@@ -35,7 +35,7 @@ from transformer_core.errors import TrainError
 from transformer_core.tokenizer import Tokenizer
 
 STEPS = 60  # the runs interrupted at random moments stop short of this
-TRIALS = 10  # signals per kind
+TRIALS = 6  # signals per kind
 # Subprocesses reuse compiled steps through JAX's persistent cache (conftest.py),
 # so a trial costs its start-up, not a recompilation.
 ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
@@ -170,9 +170,11 @@ def test_signals_at_random_moments_leave_runs_that_resume_exactly(request, scan,
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(series, (signal.SIGTERM, signal.SIGINT)))
     for workdir, saved_steps in results:
-        # The seeded moments aim one signal at training 6 (SIGTERM) and 4 (SIGINT) times,
-        # and each of those must save; a second signal may or may not leave a save.
-        assert len(saved_steps) >= 4, f"few stops mid-training: {saved_steps}"
+        # The seeded moments aim one signal at training 2 (SIGTERM) and 4 (SIGINT) times,
+        # and each of those must save; a second signal may or may not leave a save. The
+        # others: start-up (SIGTERM, twice), compiling ahead (SIGTERM once and twice,
+        # SIGINT once), training twice (both).
+        assert len(saved_steps) >= 2, f"few stops mid-training: {saved_steps}"
         assert losses(workdir) == losses(reference)
         assert dev_losses(workdir) == dev_losses(reference)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from num2words import num2words
 
 from jax_transformer.commands import prepare as prepare_command
-from tests.train.runs import REPO_ROOT, TINY, losses
+from tests.train.runs import REPO_ROOT, TINY, losses, resumable_copy
 
 pytestmark = pytest.mark.slow  # several train.py processes per test
 ENV = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
@@ -235,15 +234,6 @@ def test_sigterm_stops_an_fsdp_run_on_two_processes_and_it_resumes_exactly(fsdp_
     resumed = Launch(workdir, "--fsdp", "4")
     assert resumed.finish() == 0, resumed.stderr
     assert losses(workdir) == losses(fsdp_runs["two"])  # exactly
-
-
-def resumable_copy(run: Path, workdir: Path, step: int) -> Path:
-    """A copy of `run` whose newest checkpoint is `step`."""
-    shutil.copytree(run, workdir)
-    for saved in (workdir / "checkpoints").iterdir():
-        if int(saved.name) > step:
-            shutil.rmtree(saved)
-    return workdir
 
 
 def test_a_time_budget_spent_on_one_process_stops_both(runs, tmp_path):
