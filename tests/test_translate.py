@@ -182,6 +182,27 @@ def test_batches_searched_two_at_a_time_give_the_same_translations(jax_checkpoin
     assert results[2] == results[1]
 
 
+def test_batches_searched_at_once_run_under_the_callers_jax_settings(jax_checkpoint,
+                                                                    monkeypatch):
+    """Each batch's search runs on a thread of its own, where a context the caller
+    entered (x64, matmul precision, default device) would not hold by itself."""
+    import jax
+    model, tokenizer = translator.load(jax_checkpoint, "jax")
+    seen = []
+
+    def search_batch(model, src, out_len, **search):  # the settings each search sees
+        seen.append((jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision,
+                     jax.config.jax_default_device))
+        return np.zeros((len(src), 1, 1), np.int32), np.zeros((len(src), 1))
+    monkeypatch.setattr(translator, "search_batch", search_batch)
+    device = jax.devices()[-1]
+    with jax.enable_x64(True), jax.default_matmul_precision("highest"), \
+            jax.default_device(device):
+        translator.translate_lines(["a", "b c", "d e f"], model, tokenizer, beam=1,
+                                   batch_size=1)
+    assert seen == [(True, "highest", device)] * 3
+
+
 def test_in_turn_keeps_the_order_and_runs_at_most_so_many_at_once():
     import threading
     import time

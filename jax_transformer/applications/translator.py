@@ -186,8 +186,10 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
                                     **search)
 
     written = 0
-    for batch, tokens, scores in in_turn(search_one, progress(batches) if progress else batches,
-                                         BATCHES_AT_ONCE if framework == "jax" else 1):
+    at_once = BATCHES_AT_ONCE if framework == "jax" else 1
+    for batch, tokens, scores in in_turn(keeping_jax_settings(search_one) if at_once > 1
+                                         else search_one,
+                                         progress(batches) if progress else batches, at_once):
         for row, i in enumerate(batch):
             ids = [generated_ids(t, config.eos_id) for t in tokens[row, :nbest]]
             results[i] = distinct([Hypothesis(tokenizer.decode(list(t)), float(score), t)
@@ -200,10 +202,25 @@ def searched(lines, model, tokenizer: CheckpointTokenizer, *, framework="jax", b
 
 
 # JAX searches a file's batches this many at a time, each on a thread of its own: a search
-# on XLA:CPU keeps about one core busy, and two at once on 2 cores translate a file 1.25x
+# on XLA:CPU keeps about one core busy, and two at once on 2 cores translate a file 1.35x
 # faster (docs/performance.md, "Decoding against CTranslate2 (CPU)"). torch's ops use
 # every core themselves.
 BATCHES_AT_ONCE = 2
+
+
+def keeping_jax_settings(work):
+    """`work`, run under the caller's JAX settings on whatever thread calls it: contexts
+    such as jax.enable_x64(True), jax.default_matmul_precision(...) and
+    jax.default_device(...) hold for the thread that entered them only."""
+    import jax
+    x64, precision = jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision
+    device = jax.config.jax_default_device
+
+    def kept(*args):
+        with jax.enable_x64(x64), jax.default_matmul_precision(precision), \
+                jax.default_device(device):
+            return work(*args)
+    return kept
 
 
 def in_turn(work, items, at_once: int) -> Iterator:
