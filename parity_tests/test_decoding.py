@@ -302,6 +302,9 @@ def test_beam_scores_are_length_normalised_log_probs(models):
         assert abs(scores[i, 0].item() - expected) < 1e-9
 
 
+TAKE_ROWS = jax_search.take_rows  # the function itself, for the patched one to call
+
+
 @pytest.mark.parametrize("options", [dict(alpha=0.6),
                                      dict(alpha=1.0, length_penalty_style="hf")],
                          ids=["gnmt", "hf"])
@@ -326,9 +329,6 @@ def test_settled_sentences_leave_the_batch_with_the_same_tokens(models, monkeypa
     np.testing.assert_array_equal(np.asarray(jax_tokens), to_numpy(torch_tokens))
     np.testing.assert_allclose(np.asarray(jax_scores), to_numpy(torch_scores), atol=1e-9, rtol=0)
     assert kept == [2]  # 14 rows left the batch, 2 went on alone
-
-
-TAKE_ROWS = jax_search.take_rows
 
 
 @pytest.mark.slow
